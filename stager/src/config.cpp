@@ -1,0 +1,302 @@
+#include "config.h"
+
+#include <boost/program_options/options_description.hpp>
+#include <boost/program_options/parsers.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace monarch {
+namespace po = boost::program_options;
+
+namespace {
+
+constexpr const char* kGeneralKeys =
+    "copy_threads, log_level, report_dir, consistency, small_file_max, stage_ahead, "
+    "start_timeout, stop_timeout";
+constexpr const char* kTierKeys = "path, quota, block_size";
+
+std::string trim(std::string_view s) {
+  size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string_view::npos) return "";
+  size_t e = s.find_last_not_of(" \t\r");
+  return std::string(s.substr(b, e - b + 1));
+}
+
+// Line numbers of each key occurrence, in file order, as "section.key" the way
+// program_options names them. program_options itself does not report lines.
+std::vector<std::pair<std::string, int>> key_lines(const std::string& text) {
+  std::vector<std::pair<std::string, int>> lines;
+  std::istringstream in(text);
+  std::string line, section;
+  for (int n = 1; std::getline(in, line); ++n) {
+    std::string t = trim(line.substr(0, line.find('#')));
+    if (t.empty()) continue;
+    if (t.front() == '[' && t.back() == ']') {
+      section = trim(t.substr(1, t.size() - 2));
+      continue;
+    }
+    size_t eq = t.find('=');
+    std::string key = trim(t.substr(0, eq));
+    lines.emplace_back(section.empty() ? key : section + "." + key, n);
+  }
+  return lines;
+}
+
+// Finds the first line that holds `needle`, for syntax errors that
+// program_options reports without a line number.
+int line_containing(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n)
+    if (!needle.empty() && line.find(needle) != std::string::npos) return n;
+  return 0;
+}
+
+struct Reader {
+  std::string file;
+  std::vector<std::pair<std::string, int>> lines;
+  std::map<std::string, int> seen;  // occurrences so far, to find the right line
+
+  int line_of(const std::string& key) {
+    int want = seen[key]++, n = 0;
+    for (auto& [k, l] : lines)
+      if (k == key && n++ == want) return l;
+    return 0;
+  }
+  [[noreturn]] void fail(int line, const std::string& key, const std::string& value,
+                         const std::string& why) const {
+    std::ostringstream m;
+    m << file << ":" << line << ": key '" << key << "'";
+    if (!value.empty()) m << ", value '" << value << "'";
+    m << ": " << why;
+    throw ConfigError(m.str());
+  }
+};
+
+bool parse_bool(const std::string& v, bool& out) {
+  if (v == "yes" || v == "true" || v == "on" || v == "1") return out = true, true;
+  if (v == "no" || v == "false" || v == "off" || v == "0") return out = false, true;
+  return false;
+}
+
+unsigned parse_count(const std::string& v, unsigned lo, unsigned hi) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long n = std::strtoul(v.c_str(), &end, 10);
+  if (v.empty() || *end || errno || n < lo || n > hi || v[0] == '-')
+    throw std::invalid_argument("accepted: a whole number from " + std::to_string(lo) + " to " +
+                                std::to_string(hi));
+  return static_cast<unsigned>(n);
+}
+
+// "80%" or a size. Returns false for a percentage outside (0, 100].
+void parse_quota(const std::string& v, TierConfig& tier) {
+  const char* accepted = "accepted: a size such as 500G or a share of the file system such as 80%";
+  if (!v.empty() && v.back() == '%') {
+    char* end = nullptr;
+    double p = std::strtod(v.c_str(), &end);
+    if (end != v.c_str() + v.size() - 1 || !(p > 0 && p <= 100))
+      throw std::invalid_argument(std::string("a percentage must be above 0 and at most 100; ") +
+                                  accepted);
+    tier.quota_percent = p;
+    tier.quota_bytes = 0;
+    return;
+  }
+  try {
+    tier.quota_bytes = parse_size(v);
+    tier.quota_percent = 0;
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument(accepted);
+  }
+  if (tier.quota_bytes == 0) throw std::invalid_argument(std::string("must not be 0; ") + accepted);
+}
+
+void check_tier_path(const std::string& path) {
+  if (path.empty() || path[0] != '/') throw std::invalid_argument("must be an absolute path");
+  if (path.find("/../") != std::string::npos || path.ends_with("/.."))
+    throw std::invalid_argument("must not contain '..'");
+}
+
+}  // namespace
+
+uint64_t parse_size(std::string_view text) {
+  const char* accepted = "accepted: a number of bytes with an optional K, M, G or T suffix";
+  std::string s = trim(text);
+  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0])))
+    throw std::invalid_argument(accepted);
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long n = std::strtoull(s.c_str(), &end, 10);
+  if (errno) throw std::invalid_argument(accepted);
+  std::string suffix = end;
+  if (suffix.size() == 2 && (suffix[1] == 'B' || suffix[1] == 'b')) suffix.pop_back();
+  int shift = 0;
+  if (suffix.empty())
+    shift = 0;
+  else if (suffix == "K" || suffix == "k")
+    shift = 10;
+  else if (suffix == "M" || suffix == "m")
+    shift = 20;
+  else if (suffix == "G" || suffix == "g")
+    shift = 30;
+  else if (suffix == "T" || suffix == "t")
+    shift = 40;
+  else
+    throw std::invalid_argument(accepted);
+  if (shift && n > (~0ull >> shift)) throw std::invalid_argument("too large");
+  return n << shift;
+}
+
+Config load_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw ConfigError(path + ": cannot read the configuration: " + std::strerror(errno) +
+                      " (set the path with --config or the plugstack.conf argument config=)");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+
+  Reader r{path, key_lines(text), {}};
+  po::parsed_options parsed(nullptr);
+  try {
+    std::istringstream stream(text);
+    po::options_description none;
+    parsed = po::parse_config_file(stream, none, /*allow_unregistered=*/true);
+  } catch (const po::invalid_config_file_syntax& e) {
+    throw ConfigError(path + ":" + std::to_string(line_containing(text, e.get_option_name())) +
+                      ": " + e.what() + " (expected 'key = value' or '[section]')");
+  } catch (const po::error& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+
+  Config c;
+  c.source = path;
+  std::map<std::string, size_t> tier_index;  // section name -> position in c.tiers
+  std::set<std::string> keys_seen;
+  for (const po::option& o : parsed.options) {
+    const std::string& key = o.string_key;
+    std::string value = o.value.empty() ? "" : trim(o.value[0]);
+    int line = r.line_of(key);
+    if (!keys_seen.insert(key).second) r.fail(line, key, value, "is set twice");
+    try {
+      if (key.starts_with("tier.")) {
+        size_t dot = key.rfind('.');
+        std::string name = key.substr(5, dot - 5), field = key.substr(dot + 1);
+        if (dot <= 5 || name.find('.') != std::string::npos)
+          r.fail(line, key, value, "tier sections are named [tier.NAME]");
+        auto [it, added] = tier_index.emplace(name, c.tiers.size());
+        if (added) {
+          if (c.tiers.size() == kMaxTiers)
+            r.fail(line, key, value, "at most " + std::to_string(kMaxTiers) + " tiers");
+          c.tiers.push_back(TierConfig{.name = name});
+        }
+        TierConfig& t = c.tiers[it->second];
+        if (field == "path")
+          check_tier_path(value), t.path = value;
+        else if (field == "quota")
+          parse_quota(value, t);
+        else if (field == "block_size") {
+          t.block_size = parse_size(value);
+          if (t.block_size < (64 << 10) || t.block_size > (1ull << 30))
+            throw std::invalid_argument("accepted: from 64K to 1G");
+        } else
+          r.fail(line, key, value,
+                 std::string("unknown key; accepted in [tier.NAME]: ") + kTierKeys);
+      } else if (key.find('.') != std::string::npos) {
+        r.fail(line, key, value,
+               "unknown section; accepted: general keys before any section, and [tier.NAME]");
+      } else if (key == "copy_threads") {
+        c.copy_threads = parse_count(value, 1, 256);
+      } else if (key == "log_level") {
+        static const std::set<std::string> levels = {"trace", "debug", "info",
+                                                     "warn",  "error", "off"};
+        if (!levels.count(value))
+          throw std::invalid_argument("accepted: trace, debug, info, warn, error, off");
+        c.log_level = value;
+      } else if (key == "report_dir") {
+        if (!value.empty() && value[0] != '/')
+          throw std::invalid_argument("must be an absolute path, or empty for the job's directory");
+        c.report_dir = value;
+      } else if (key == "consistency") {
+        if (value == "job")
+          c.consistency = Consistency::kJob;
+        else if (value == "open")
+          c.consistency = Consistency::kOpen;
+        else
+          throw std::invalid_argument("accepted: job, open");
+      } else if (key == "small_file_max") {
+        c.small_file_max = parse_size(value);
+        if (c.small_file_max > (64u << 20)) throw std::invalid_argument("accepted: from 0 to 64M");
+      } else if (key == "stage_ahead") {
+        if (!parse_bool(value, c.stage_ahead)) throw std::invalid_argument("accepted: yes, no");
+      } else if (key == "start_timeout") {
+        c.start_timeout_s = parse_count(value, 0, 3600);
+      } else if (key == "stop_timeout") {
+        c.stop_timeout_s = parse_count(value, 1, 600);
+      } else {
+        r.fail(line, key, value, std::string("unknown key; accepted: ") + kGeneralKeys);
+      }
+    } catch (const std::invalid_argument& e) {
+      r.fail(line, key, value, e.what());
+    }
+  }
+  for (const TierConfig& t : c.tiers) {
+    if (t.path.empty()) throw ConfigError(path + ": section [tier." + t.name + "] has no 'path'");
+    if (!t.quota_bytes && !t.quota_percent)
+      throw ConfigError(path + ": section [tier." + t.name +
+                        "] has no 'quota' (a size such as 500G or a share such as 80%)");
+  }
+  if (c.tiers.empty())
+    throw ConfigError(path + ": no node-local tier: add a section [tier.NAME] with path and quota");
+  return c;
+}
+
+void override_tiers(Config& config, const std::vector<std::string>& specs) {
+  if (specs.empty()) return;
+  if (specs.size() > kMaxTiers)
+    throw ConfigError("--tier: at most " + std::to_string(kMaxTiers) + " tiers");
+  config.tiers.clear();
+  for (const std::string& spec : specs) {
+    TierConfig t{.name = "tier" + std::to_string(config.tiers.size())};
+    size_t colon = spec.rfind(':');
+    t.path = spec.substr(0, colon);
+    std::string quota = colon == std::string::npos ? "100%" : spec.substr(colon + 1);
+    try {
+      check_tier_path(t.path);
+      parse_quota(quota, t);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError("--tier '" + spec + "': " + e.what() + " (format DIR or DIR:QUOTA)");
+    }
+    config.tiers.push_back(t);
+  }
+}
+
+std::string job_dir(const TierConfig& tier, const std::string& job) {
+  std::string base = tier.path;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  return base + "/monarch-" + job;
+}
+
+bool valid_job_key(std::string_view job) {
+  if (job.empty() || job.size() > 64 || job[0] == '.') return false;
+  for (char ch : job)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-')
+      return false;
+  return true;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1024 && u < 5) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+  return buf;
+}
+
+}  // namespace monarch

@@ -1,0 +1,70 @@
+// Configuration of a Monarch node: the ordered node-local tiers and the
+// stager's settings. The file format and every key are documented in
+// etc/monarch.conf; this header is the single place that knows them.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace monarch {
+
+inline constexpr int kMaxTiers = 4;  // node-local tiers; the dataset's file system comes after
+
+// How long a copy stays valid (README, "Consistency").
+enum class Consistency {
+  kJob,   // the dataset is read-only for the job's lifetime: no PFS metadata call for cached files
+  kOpen,  // every open compares the PFS file with the index; a changed file is read from the PFS
+};
+
+struct TierConfig {
+  std::string name;          // from the section name [tier.NAME]
+  std::string path;          // parent of the per-job directories
+  uint64_t quota_bytes = 0;  // fixed quota, or 0 when quota_percent is used
+  double quota_percent = 0;  // share of the tier's file system size, resolved at start
+  uint64_t block_size = 4 << 20;
+};
+
+struct Config {
+  std::vector<TierConfig> tiers;  // fastest first
+  unsigned copy_threads = 4;
+  std::string log_level = "info";
+  std::string report_dir;  // empty: the job's working directory
+  Consistency consistency = Consistency::kJob;
+  uint64_t small_file_max = 1 << 20;
+  bool stage_ahead = true;
+  unsigned start_timeout_s = 30;
+  unsigned stop_timeout_s = 10;
+  std::string source;  // the file it was read from, for messages
+};
+
+// A configuration error, already phrased for the admin: file, line, key,
+// value and what is accepted.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Reads and validates a configuration file. Throws ConfigError.
+Config load_config(const std::string& path);
+
+// "4096", "64K", "4M", "2G", "1T" (powers of 1024). Throws std::invalid_argument
+// whose message says what is accepted.
+uint64_t parse_size(std::string_view text);
+
+// Replaces the tiers with command-line ones, "DIR" or "DIR:QUOTA" where QUOTA is
+// a size or a percentage (default 100%). Throws ConfigError.
+void override_tiers(Config& config, const std::vector<std::string>& specs);
+
+// The job's own directory on a tier: <tier path>/monarch-<job>. The one on
+// the first tier also holds the job map, the socket and the statistics.
+std::string job_dir(const TierConfig& tier, const std::string& job);
+
+// A job key is what names the job's directories: letters, digits, '.', '_', '-'.
+bool valid_job_key(std::string_view job);
+
+// Formats a byte count for people: "1.5 GiB".
+std::string human_bytes(double bytes);
+
+}  // namespace monarch

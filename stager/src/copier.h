@@ -1,0 +1,105 @@
+// The copy engine of the stager: one queue for the whole node, readers'
+// requests first, then files paused for them, then the stage-ahead backlog.
+//
+// A copy is written to <tier job dir>/tmp/<generation>-<id> in large
+// sequential blocks, publishing its progress so that readers can use the part
+// already written, then checked against the PFS file (size and mtime as
+// indexed), given the PFS file's mtime, and renamed to <tier job dir>/data/<path>.
+// Only then is the file marked cached: a reader never sees a partial file under
+// its final name.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "counters.h"
+#include "jobmap.h"
+#include "placement.h"
+
+namespace monarch {
+
+struct CopierOptions {
+  int root_fd = -1;           // the dataset root, open
+  std::vector<int> tier_fds;  // job directory of each tier, open
+  std::vector<uint64_t> block_sizes;
+  unsigned threads = 4;
+  bool stage_ahead = true;
+};
+
+class Copier {
+ public:
+  Copier(JobMap& map, Placement& placement, CopierOptions options, std::atomic<uint64_t>* counters);
+  ~Copier();
+
+  void start();
+  // Stops the threads; copies under way are abandoned and their temporary
+  // files removed. Idempotent.
+  void stop();
+
+  // A reader asked for `file`: copy it before the backlog.
+  void place(uint32_t file);
+  // A reader read `file` whole into `memfd` (ownership passes here).
+  void data(uint32_t file, int memfd);
+  // A reader found the PFS file changed.
+  void stale(uint32_t file);
+  // A claim was released or its owner died: the backlog should look again.
+  void rescan();
+
+  // Returns claims held by processes that no longer exist. Called periodically.
+  void reap_claims();
+
+  bool idle() const;            // nothing queued or under way, backlog done
+  double fill_seconds() const;  // time from start to the last copy, once idle
+
+ private:
+  struct Job {
+    uint32_t file;
+    bool urgent = false;
+    int memfd = -1;  // kData: bytes from a reader
+    int tier = -1, slot = -1, src = -1, dst = -1;
+    uint64_t done = 0;
+    uint64_t started_ns = 0;
+  };
+  enum class Outcome { kDone, kPaused, kRetryNextTier };
+
+  void worker();
+  bool next_job(Job& job);  // false when stopping
+  void run(Job& job);
+  Outcome copy_blocks(Job& job);
+  bool begin(Job& job);   // reserve a tier and a slot, open files
+  void finish(Job& job);  // verify, publish, mark cached
+  void abandon(Job& job, FileState state);
+  void close_files(Job& job, bool keep_memfd);
+  std::string tmp_name(uint32_t file) const;
+  bool make_parents(int tier, std::string_view rel);
+  void count(StagerCounter c, uint64_t n = 1) {
+    counters_[c].fetch_add(n, std::memory_order_relaxed);
+  }
+  bool set_state(uint32_t file, uint32_t expect, uint32_t want);
+
+  JobMap& map_;
+  Placement& placement_;
+  CopierOptions opt_;
+  std::atomic<uint64_t>* counters_;
+  std::vector<std::thread> threads_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> urgent_, paused_;
+  uint64_t backlog_next_ = 0;
+  bool rescan_ = false;
+  std::atomic<bool> stopping_{false};
+  int running_ = 0;
+  std::vector<int> free_slots_;
+  std::atomic<bool> boost_[kCopySlots];  // a reader waits for the copy in this slot
+  uint64_t start_ns_ = 0;
+  std::atomic<uint64_t> last_copy_ns_{0};
+};
+
+}  // namespace monarch

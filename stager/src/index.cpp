@@ -1,0 +1,267 @@
+#include "index.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/parallel_for_each.h>
+#include <tbb/parallel_sort.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <tuple>
+
+namespace monarch {
+namespace {
+
+struct Rec {
+  std::string rel;
+  struct stat st;
+};
+
+struct WalkState {
+  tbb::enumerable_thread_specific<std::vector<Rec>> files;
+  std::atomic<uint64_t> dirs{0}, skipped{0}, unreadable{0};
+};
+
+std::string join(const std::string& dir, const char* name) {
+  return dir.empty() ? std::string(name) : dir + "/" + name;
+}
+
+// Lists one directory (relative to root_fd); feeds subdirectories back.
+template <typename Feeder>
+void walk_dir(int root_fd, const std::string& rel, WalkState& w, Feeder& feeder) {
+  int fd = rel.empty()
+               ? dup(root_fd)
+               : openat(root_fd, rel.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  DIR* d = fd < 0 ? nullptr : fdopendir(fd);
+  if (!d) {
+    if (fd >= 0) close(fd);
+    w.unreadable++;
+    return;
+  }
+  w.dirs++;
+  auto& out = w.files.local();
+  while (dirent* e = readdir(d)) {
+    const char* name = e->d_name;
+    if (name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0))) continue;
+    if (e->d_type == DT_DIR) {
+      feeder.add(join(rel, name));
+      continue;
+    }
+    if (e->d_type != DT_REG && e->d_type != DT_UNKNOWN) {
+      w.skipped++;
+      continue;
+    }
+    struct stat st;
+    if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      w.skipped++;
+      continue;
+    }
+    if (S_ISDIR(st.st_mode))
+      feeder.add(join(rel, name));
+    else if (S_ISREG(st.st_mode))
+      out.push_back(Rec{join(rel, name), st});
+    else
+      w.skipped++;
+  }
+  closedir(d);
+}
+
+int64_t ns(const timespec& t) {
+  return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+void copy_path(char (&dst)[kPathMax], const std::string& src) {
+  if (src.size() >= kPathMax) throw std::runtime_error("path too long: " + src);
+  std::memcpy(dst, src.c_str(), src.size() + 1);
+}
+
+size_t align64(size_t n) {
+  return (n + 63) & ~size_t(63);
+}
+
+}  // namespace
+
+MappedMap& MappedMap::operator=(MappedMap&& o) noexcept {
+  if (this != &o) {
+    if (base_) munmap(base_, size_);
+    base_ = std::exchange(o.base_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    map_ = o.map_;
+  }
+  return *this;
+}
+
+MappedMap::~MappedMap() {
+  if (base_) munmap(base_, size_);
+}
+
+MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
+                      const std::function<void(JobMap&)>& before_publish) {
+  auto start = std::chrono::steady_clock::now();
+  int root_fd = open(opt.root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root_fd < 0)
+    throw std::runtime_error("cannot open the dataset " + opt.root + ": " + std::strerror(errno));
+  char real[PATH_MAX];
+  if (!realpath(opt.root.c_str(), real)) std::strcpy(real, opt.root.c_str());
+
+  WalkState w;
+  std::vector<std::string> top{""};
+  tbb::parallel_for_each(top.begin(), top.end(), [&](const std::string& rel, auto& feeder) {
+    walk_dir(root_fd, rel, w, feeder);
+  });
+  close(root_fd);
+
+  std::vector<Rec> files;
+  for (auto& v : w.files) {
+    files.insert(files.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
+    std::vector<Rec>().swap(v);
+  }
+  tbb::parallel_sort(files.begin(), files.end(),
+                     [](const Rec& a, const Rec& b) { return a.rel < b.rel; });
+  if (files.size() >= 0xfffffff0u) throw std::runtime_error("too many files in the dataset");
+
+  // Layout.
+  using AttrKey = std::tuple<uint64_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>;
+  std::map<AttrKey, uint16_t> attr_ids;
+  std::vector<Attr> attrs;
+  size_t strings = 0;
+  for (const Rec& r : files) strings += r.rel.size();
+  for (const Rec& r : files) {
+    AttrKey k{r.st.st_dev,
+              r.st.st_mode,
+              r.st.st_uid,
+              r.st.st_gid,
+              uint32_t(r.st.st_nlink),
+              uint32_t(r.st.st_blksize)};
+    if (attr_ids.count(k) || attrs.size() >= kNoAttr) continue;
+    attr_ids.emplace(k, uint16_t(attrs.size()));
+    attrs.push_back(Attr{r.st.st_dev, r.st.st_mode, r.st.st_uid, r.st.st_gid,
+                         uint32_t(r.st.st_nlink), uint32_t(r.st.st_blksize), 0});
+  }
+  uint64_t buckets = files.size() + files.size() / 2 + 1;
+  size_t off = align64(sizeof(Header));
+  size_t entries_off = off;
+  off = align64(off + files.size() * sizeof(Entry));
+  size_t strings_off = off;
+  off = align64(off + strings);
+  size_t buckets_off = off;
+  off = align64(off + buckets * sizeof(uint32_t));
+  size_t attrs_off = off;
+  off = align64(off + attrs.size() * sizeof(Attr));
+  size_t slots_off = off;
+  size_t total = off + kProcSlots * sizeof(ProcSlot);
+
+  std::string tmp = opt.out_path + ".tmp";
+  unlink(tmp.c_str());
+  int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+  if (ftruncate(fd, total) != 0) {
+    int e = errno;
+    close(fd);
+    unlink(tmp.c_str());
+    throw std::runtime_error("cannot size " + tmp + ": " + std::strerror(e));
+  }
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    unlink(tmp.c_str());
+    throw std::runtime_error("cannot map " + tmp + ": " + std::strerror(errno));
+  }
+  char* p = static_cast<char*>(base);
+  auto* h = new (p) Header();
+  std::memcpy(h->magic, kMagic, sizeof kMagic);
+  h->generation = opt.generation;
+  h->file_size = total;
+  h->file_count = files.size();
+  h->tier_count = uint32_t(opt.tier_dirs.size());
+  h->consistency = opt.consistency;
+  h->small_file_max = opt.small_file_max;
+  h->entries_off = entries_off;
+  h->strings_off = strings_off;
+  h->strings_size = strings;
+  h->buckets_off = buckets_off;
+  h->bucket_count = buckets;
+  h->attrs_off = attrs_off;
+  h->attr_count = attrs.size();
+  h->slots_off = slots_off;
+  MappedMap result(base, total);  // owns the mapping from here on
+  h->next_slot = 1;               // slot 0 is shared by the processes that find no free slot
+  copy_path(h->root, opt.root);
+  copy_path(h->real_root, real);
+  for (size_t t = 0; t < opt.tier_dirs.size() && t < kMapTiers; ++t)
+    copy_path(h->tier_dirs[t], opt.tier_dirs[t]);
+
+  auto* entries = reinterpret_cast<Entry*>(p + entries_off);
+  char* str = p + strings_off;
+  auto* bucket = reinterpret_cast<uint32_t*>(p + buckets_off);
+  std::memcpy(p + attrs_off, attrs.data(), attrs.size() * sizeof(Attr));
+  size_t so = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const Rec& r = files[i];
+    const struct stat& st = r.st;
+    AttrKey k{st.st_dev,
+              st.st_mode,
+              st.st_uid,
+              st.st_gid,
+              uint32_t(st.st_nlink),
+              uint32_t(st.st_blksize)};
+    auto a = attr_ids.find(k);
+    bool exact = a != attr_ids.end() && st.st_blocks <= 0xffffffff;
+    Entry* e = new (&entries[i]) Entry();
+    e->path_off = uint32_t(so);
+    e->path_len = uint16_t(r.rel.size());  // < PATH_MAX
+    e->attr = exact ? a->second : kNoAttr;
+    e->blocks = uint32_t(std::min<uint64_t>(st.st_blocks, 0xffffffff));
+    e->ino = st.st_ino;
+    e->size = st.st_size;
+    e->mtime_ns = ns(st.st_mtim);
+    e->ctime_ns = ns(st.st_ctim);
+    e->atime_ns = ns(st.st_atim);
+    std::memcpy(str + so, r.rel.data(), r.rel.size());
+    so += r.rel.size();
+    bytes += st.st_size;
+    for (uint64_t b = JobMap::bucket_of(JobMap::hash(r.rel), buckets);;
+         b = b + 1 == buckets ? 0 : b + 1)
+      if (bucket[b] == 0) {
+        bucket[b] = uint32_t(i + 1);
+        break;
+      }
+  }
+  h->dataset_bytes = bytes;
+  before_publish(result.map());
+  if (rename(tmp.c_str(), opt.out_path.c_str()) != 0)
+    throw std::runtime_error("cannot publish " + opt.out_path + ": " + std::strerror(errno));
+
+  stats.files = files.size();
+  stats.bytes = bytes;
+  stats.dirs = w.dirs;
+  stats.skipped = w.skipped;
+  stats.unreadable = w.unreadable;
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+MappedMap open_index(const std::string& path) {
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  struct stat st;
+  fstat(fd, &st);
+  void* base = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED)
+    throw std::runtime_error("cannot map " + path + ": " + std::strerror(errno));
+  MappedMap m(base, st.st_size);
+  if (auto why = m.map().validate(); !why.empty())
+    throw std::runtime_error(path + ": " + std::string(why));
+  return m;
+}
+
+}  // namespace monarch

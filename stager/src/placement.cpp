@@ -1,0 +1,66 @@
+#include "placement.h"
+
+#include <algorithm>
+
+namespace monarch {
+
+Placement::Placement(std::vector<Tier> tiers, std::function<uint64_t(int)> free_bytes,
+                     uint64_t reserve)
+    : tiers_(std::move(tiers)),
+      free_bytes_(std::move(free_bytes)),
+      reserve_(reserve),
+      used_(tiers_.size()),
+      inflight_(tiers_.size()),
+      full_(tiers_.size()) {}
+
+uint64_t Placement::footprint(int t, uint64_t size) const {
+  uint64_t b = std::max<uint64_t>(tiers_[t].block, 1);
+  return (size + b - 1) / b * b;
+}
+
+int Placement::reserve(uint64_t size) {
+  std::lock_guard lock(mu_);
+  for (int t = 0; t < tiers(); ++t) {
+    uint64_t need = footprint(t, size);
+    if (full_[t] || used_[t] + need > tiers_[t].quota) continue;
+    if (free_bytes_(t) < inflight_[t] + need + reserve_) continue;
+    used_[t] += need;
+    inflight_[t] += need;
+    return t;
+  }
+  return -1;
+}
+
+void Placement::written(int t, uint64_t size) {
+  std::lock_guard lock(mu_);
+  inflight_[t] -= std::min(inflight_[t], footprint(t, size));
+}
+
+void Placement::release(int t, uint64_t size) {
+  std::lock_guard lock(mu_);
+  uint64_t need = footprint(t, size);
+  inflight_[t] -= std::min(inflight_[t], need);
+  used_[t] -= std::min(used_[t], need);
+}
+
+void Placement::adopt(int t, uint64_t size) {
+  std::lock_guard lock(mu_);
+  used_[t] += footprint(t, size);
+}
+
+void Placement::mark_full(int t) {
+  std::lock_guard lock(mu_);
+  full_[t] = true;
+}
+
+uint64_t Placement::used(int t) const {
+  std::lock_guard lock(mu_);
+  return used_[t];
+}
+
+bool Placement::full(int t) const {
+  std::lock_guard lock(mu_);
+  return full_[t];
+}
+
+}  // namespace monarch

@@ -1,0 +1,55 @@
+// Placement: which node-local tier a file goes to. Tiers are filled top-down,
+// nothing is ever evicted (the seed's 4.1.2: under a random order every file is
+// read once an epoch, so eviction only adds PFS reads). A tier has room for a
+// file when both its quota and its file system's real free space allow it.
+// Pure logic: the free space comes from a callback, so tests need no disk.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+namespace monarch {
+
+class Placement {
+ public:
+  struct Tier {
+    uint64_t quota;  // bytes of disk space, counted in whole blocks
+    uint64_t block;  // allocation unit of its file system (statvfs f_frsize)
+  };
+  // free_bytes(t): bytes an unprivileged writer may still use on tier t's file
+  // system (statvfs f_bavail * f_frsize). reserve: bytes always left free.
+  Placement(std::vector<Tier> tiers, std::function<uint64_t(int)> free_bytes, uint64_t reserve);
+
+  // Disk space a file of `size` bytes takes on tier t.
+  uint64_t footprint(int t, uint64_t size) const;
+
+  // Reserves room for a file of `size` bytes on the first tier with room and
+  // returns the tier, or -1. All calls are thread-safe; sizes are file sizes.
+  int reserve(uint64_t size);
+  // The copy is complete: its blocks now show in the file system's free space.
+  void written(int tier, uint64_t size);
+  // The copy was abandoned: its reservation is returned.
+  void release(int tier, uint64_t size);
+  // A copy found at start, already on disk.
+  void adopt(int tier, uint64_t size);
+  // The tier's file system ran out of space: place nothing more there.
+  void mark_full(int tier);
+
+  int tiers() const { return int(tiers_.size()); }
+  uint64_t quota(int t) const { return tiers_[t].quota; }
+  uint64_t used(int t) const;
+  bool full(int t) const;
+
+ private:
+  std::vector<Tier> tiers_;
+  std::function<uint64_t(int)> free_bytes_;
+  uint64_t reserve_;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> used_;      // complete and reserved bytes
+  std::vector<uint64_t> inflight_;  // reserved, not yet written
+  std::vector<bool> full_;
+};
+
+}  // namespace monarch

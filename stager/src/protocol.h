@@ -1,0 +1,26 @@
+// Messages from the processes of a job to their stager: one fixed-size
+// datagram each, on the Unix socket <job dir>/ctl.sock. Senders never wait for
+// an answer: the answer is the file's state word in the job map.
+#pragma once
+
+#include <cstdint>
+
+namespace monarch {
+
+enum class Request : uint32_t {
+  kPlace = 1,    // copy this file soon: a reader is reading it now
+  kData = 2,     // here are the file's bytes, read whole (a memfd rides along as SCM_RIGHTS)
+  kStale = 3,    // the PFS file no longer matches the index
+  kRelease = 4,  // a claim (kClaimed) was given up: the file is free to copy
+};
+
+struct Message {
+  uint32_t magic = kMessageMagic;
+  Request type;
+  uint64_t generation;  // of the job map the sender uses; others are ignored
+  uint32_t file;
+  int32_t pid;
+  static constexpr uint32_t kMessageMagic = 0x4d4f4e31;  // "MON1"
+};
+
+}  // namespace monarch

@@ -1,0 +1,457 @@
+// monarch-stager: one per job per node, running as the job's user. Indexes
+// the dataset once, publishes the job map, copies files to the node-local
+// tiers on request and ahead of the readers, and keeps the statistics.
+// Started by monarch-run or the Slurm plugin; stopped with SIGTERM.
+#include <fcntl.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <boost/program_options.hpp>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "config.h"
+#include "copier.h"
+#include "index.h"
+#include "protocol.h"
+#include "remove_tree.h"
+#include "stats.h"
+
+#ifndef MONARCH_DEFAULT_CONFIG
+#define MONARCH_DEFAULT_CONFIG "/etc/monarch/monarch.conf"
+#endif
+
+namespace monarch {
+namespace {
+namespace po = boost::program_options;
+
+struct Options {
+  std::string config = MONARCH_DEFAULT_CONFIG;
+  bool config_given = false;
+  std::string dataset, job, log_level;
+  std::vector<std::string> tiers;
+  int ready_fd = -1;
+  bool exit_with_parent = false;
+};
+
+// A start-up failure: printed, sent on the ready pipe, exit status 2.
+struct StartError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void tell(int fd, const std::string& line) {
+  if (fd < 0) return;
+  std::string s = line + "\n";
+  (void)!write(fd, s.data(), s.size());
+}
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+// Opens (creating if needed) the job's directory on one tier and checks that
+// it is private to us: a directory, not a link, owned by us, mode 0700.
+int open_job_dir(const TierConfig& tier, const std::string& job) {
+  int parent = open(tier.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (parent < 0)
+    throw StartError("tier " + tier.name + ": cannot open " + tier.path + ": " + errno_text() +
+                     " (the admin creates each tier directory; see the README)");
+  std::string name = "monarch-" + job;
+  if (mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST) {
+    int e = errno;
+    close(parent);
+    errno = e;
+    throw StartError("tier " + tier.name + ": cannot create " + job_dir(tier, job) + ": " +
+                     errno_text());
+  }
+  int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  close(parent);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0)
+    throw StartError("tier " + tier.name + ": cannot open " + job_dir(tier, job) + ": " +
+                     errno_text());
+  if (st.st_uid != geteuid() || (st.st_mode & 077))
+    throw StartError(job_dir(tier, job) + " is not private to this user (owner " +
+                     std::to_string(st.st_uid) + ", mode " + std::to_string(st.st_mode & 0777) +
+                     "); remove it or use another job key");
+  for (const char* sub : {"data", "tmp"})
+    if (mkdirat(fd, sub, 0700) != 0 && errno != EEXIST)
+      throw StartError("cannot create " + job_dir(tier, job) + "/" + sub + ": " + errno_text());
+  return fd;
+}
+
+// The dataset root as an absolute, lexically normal path, checked readable.
+std::string check_dataset(const std::string& given, const Config& config) {
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd)) cwd[0] = 0;
+  char norm[kPathMax];
+  if (normalize_path(cwd, given, norm, sizeof norm) < 0)
+    throw StartError("--dataset '" + given + "': path too long");
+  std::string root = norm;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  struct stat st;
+  if (stat(root.c_str(), &st) != 0) throw StartError("--dataset " + root + ": " + errno_text());
+  if (!S_ISDIR(st.st_mode)) throw StartError("--dataset " + root + ": not a directory");
+  if (access(root.c_str(), R_OK | X_OK) != 0)
+    throw StartError("--dataset " + root + ": cannot list it (" + errno_text() + ")");
+  if (root == "/") throw StartError("--dataset /: the root file system cannot be a dataset");
+  char real[PATH_MAX];
+  std::string real_root = realpath(root.c_str(), real) ? real : root;
+  for (const TierConfig& t : config.tiers) {
+    char tr[PATH_MAX];
+    std::string tier_real = realpath(t.path.c_str(), tr) ? tr : t.path;
+    auto inside = [](const std::string& a, const std::string& b) {
+      return a == b ||
+             (a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '/');
+    };
+    if (inside(real_root, tier_real) || inside(tier_real, real_root))
+      throw StartError("--dataset " + root + " overlaps the node-local tier " + t.path +
+                       ": the dataset must live on the shared file system");
+  }
+  return root;
+}
+
+uint64_t random64() {
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof v, 0) != sizeof v) v = uint64_t(getpid()) << 32 ^ monotonic_ns();
+  return v | 1;
+}
+
+struct Stager {
+  Options opt;
+  Config config;
+  std::string root;
+  std::vector<int> tier_fds;
+  std::vector<std::string> tier_dirs;
+  std::unique_ptr<Placement> placement;
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  MappedMap map;
+  IndexStats index_stats;
+  std::unique_ptr<Copier> copier;
+  std::unique_ptr<Stats> stats;
+  int sock = -1;
+  std::atomic<bool> stop{false};
+
+  void setup_logging() {
+    auto level = spdlog::level::from_str(opt.log_level.empty() ? config.log_level : opt.log_level);
+    std::vector<spdlog::sink_ptr> sinks;
+    sinks.push_back(std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    sinks[0]->set_level(std::max(level, spdlog::level::warn));
+    try {
+      sinks.push_back(
+          std::make_shared<spdlog::sinks::basic_file_sink_mt>(tier_dirs[0] + "/" + kLogName));
+      sinks[1]->set_level(level);
+    } catch (const spdlog::spdlog_ex&) {
+    }
+    auto logger = std::make_shared<spdlog::logger>("monarch-stager", sinks.begin(), sinks.end());
+    logger->set_level(level);
+    logger->set_pattern("%Y-%m-%d %H:%M:%S.%e monarch-stager[%P] %l: %v");
+    logger->flush_on(spdlog::level::info);
+    spdlog::set_default_logger(logger);
+  }
+
+  // Keeps copies an earlier stager of this job made, if they still match.
+  void adopt(JobMap& m) {
+    for (int t = 0; t < int(tier_fds.size()); ++t) {
+      int data = openat(tier_fds[t], "data", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (data < 0) continue;
+      for (uint64_t i = 0; i < m.size(); ++i) {
+        Entry& e = m.entry(i);
+        if (state_of(e.state.load()) == kCached) continue;
+        std::string rel(m.path(i));
+        struct stat st;
+        if (fstatat(data, rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        int64_t mt = int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+        if (S_ISREG(st.st_mode) && uint64_t(st.st_size) == e.size && mt == e.mtime_ns) {
+          e.state.store(make_state(kCached, t));
+          placement->adopt(t, e.size);
+          counters[s_adopted]++;
+          counters[s_adopted_bytes] += e.size;
+        } else {
+          unlinkat(data, rel.c_str(), 0);  // made from another version of the file
+          counters[s_discarded]++;
+        }
+      }
+      close(data);
+    }
+  }
+
+  void start() {
+    if (config.tiers.empty())
+      throw StartError("no node-local tier: give --tier DIR or a configuration with [tier.NAME]");
+    for (const TierConfig& t : config.tiers) {
+      tier_fds.push_back(open_job_dir(t, opt.job));
+      tier_dirs.push_back(job_dir(t, opt.job));
+    }
+    setup_logging();
+
+    int lock = openat(tier_fds[0], kLockName, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (lock < 0)
+      throw StartError("cannot open " + tier_dirs[0] + "/" + kLockName + ": " + errno_text());
+    if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
+      spdlog::info("a stager already runs for job {}", opt.job);
+      tell(opt.ready_fd, "running");
+      std::exit(0);
+    }
+    // The lock is held until exit: the descriptor is never closed.
+
+    std::vector<Placement::Tier> tiers;
+    for (size_t t = 0; t < config.tiers.size(); ++t) {
+      const TierConfig& tc = config.tiers[t];
+      struct statvfs vfs;
+      if (fstatvfs(tier_fds[t], &vfs) != 0)
+        throw StartError("cannot statvfs tier " + tc.path + ": " + errno_text());
+      uint64_t quota = tc.quota_bytes
+                           ? tc.quota_bytes
+                           : uint64_t(double(vfs.f_blocks) * vfs.f_frsize * tc.quota_percent / 100);
+      tiers.push_back({quota, vfs.f_frsize});
+      // Temporary files of an earlier stager of this job are incomplete copies.
+      remove_tree_at(tier_fds[t], "tmp");
+      mkdirat(tier_fds[t], "tmp", 0700);
+    }
+    placement = std::make_unique<Placement>(
+        tiers,
+        [this](int t) {
+          struct statvfs vfs;
+          return fstatvfs(tier_fds[t], &vfs) == 0 ? uint64_t(vfs.f_bavail) * vfs.f_frsize : 0;
+        },
+        /*reserve=*/0);
+
+    IndexOptions io{.root = root,
+                    .out_path = tier_dirs[0] + "/" + kIndexName,
+                    .tier_dirs = tier_dirs,
+                    .consistency = uint32_t(config.consistency == Consistency::kOpen),
+                    .small_file_max = config.small_file_max,
+                    .generation = random64()};
+    try {
+      map = build_index(io, index_stats, [this](JobMap& m) { adopt(m); });
+    } catch (const std::runtime_error& e) {
+      throw StartError(e.what());
+    }
+    spdlog::info("indexed {} files, {} in {} directories in {:.3f} s ({} skipped); kept {} copies",
+                 index_stats.files, human_bytes(double(index_stats.bytes)), index_stats.dirs,
+                 index_stats.seconds, index_stats.skipped, counters[s_adopted].load());
+
+    sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int rcvbuf = 8 << 20;
+    setsockopt(sock, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    unlinkat(tier_fds[0], kSocketName, 0);
+    // Bind by a short name relative to the job directory: tier paths may be
+    // longer than sun_path allows.
+    int cwd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    sockaddr_un addr{.sun_family = AF_UNIX};
+    std::strcpy(addr.sun_path, kSocketName);
+    if (fchdir(tier_fds[0]) != 0 || bind(sock, (sockaddr*)&addr, sizeof addr) != 0)
+      throw StartError("cannot create " + tier_dirs[0] + "/" + kSocketName + ": " + errno_text());
+    if (cwd >= 0) (void)!fchdir(cwd), close(cwd);
+
+    Header& h = map.map().header();
+    h.stager_pid = getpid();
+    h.heartbeat_ns = monotonic_ns();
+
+    CopierOptions co{.root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC),
+                     .tier_fds = tier_fds,
+                     .threads = config.copy_threads,
+                     .stage_ahead = config.stage_ahead};
+    for (const TierConfig& t : config.tiers) co.block_sizes.push_back(t.block_size);
+    copier = std::make_unique<Copier>(map.map(), *placement, co, counters);
+
+    JobInfo info{.job = opt.job,
+                 .dataset = root,
+                 .consistency = config.consistency == Consistency::kOpen ? "open" : "job",
+                 .config_file = config.source,
+                 .tier_dirs = tier_dirs,
+                 .copy_threads = config.copy_threads,
+                 .stage_ahead = config.stage_ahead,
+                 .small_file_max = config.small_file_max,
+                 .started_unix = time(nullptr)};
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    info.host = host;
+    if (passwd* pw = getpwuid(geteuid())) info.user = pw->pw_name;
+    for (const TierConfig& t : config.tiers) info.tier_names.push_back(t.name);
+    stats = std::make_unique<Stats>(map.map(), counters, *placement, info, index_stats);
+  }
+
+  void receive() {
+    while (!stop) {
+      pollfd p{.fd = sock, .events = POLLIN};
+      if (poll(&p, 1, 200) <= 0) continue;
+      Message m;
+      iovec iov{&m, sizeof m};
+      alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
+      msghdr mh{
+          .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+      ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+      if (n < 0) continue;
+      int fd = -1;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+          std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+      counters[s_requests]++;
+      bool ok = n == sizeof m && m.magic == Message::kMessageMagic &&
+                m.generation == map.map().header().generation && m.file < map.map().size();
+      if (ok && m.type == Request::kData && fd >= 0) {
+        copier->data(m.file, fd);
+        continue;
+      }
+      if (fd >= 0) close(fd);
+      if (!ok) {
+        counters[s_ignored]++;
+        continue;
+      }
+      switch (m.type) {
+        case Request::kPlace:
+          copier->place(m.file);
+          break;
+        case Request::kStale:
+          copier->stale(m.file);
+          break;
+        case Request::kRelease: {
+          uint32_t s = map.map().entry(m.file).state.load();
+          if (state_of(s) == kClaimed &&
+              map.map().entry(m.file).state.compare_exchange_strong(s, make_state(kNone)))
+            copier->rescan();
+          break;
+        }
+        default:
+          counters[s_ignored]++;
+      }
+    }
+  }
+
+  void write_stats(bool complete) {
+    std::string text = stats->json(complete, copier->idle() ? copier->fill_seconds() : 0);
+    std::string tmp = std::string(kStatsName) + ".tmp";
+    int fd = openat(tier_fds[0], tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+                    0600);
+    bool ok = fd >= 0 && write(fd, text.data(), text.size()) == ssize_t(text.size());
+    if (fd >= 0) ok = close(fd) == 0 && ok;
+    if (!ok || renameat(tier_fds[0], tmp.c_str(), tier_fds[0], kStatsName) != 0)
+      spdlog::warn("cannot write {}/{}: {}", tier_dirs[0], kStatsName, errno_text());
+  }
+
+  // Heartbeat, epochs, time series, statistics on disk, dead claims.
+  void tick() {
+    uint64_t n = 0;
+    while (!stop) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      uint64_t now = monotonic_ns();
+      map.map().header().heartbeat_ns.store(now);
+      stats->tick(now);
+      if (++n % 10 == 0) stats->sample(now);
+      if (n % 50 == 0) {
+        write_stats(false);
+        copier->reap_claims();
+      }
+    }
+  }
+
+  int run() {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);  // threads inherit the mask; main waits
+    signal(SIGPIPE, SIG_IGN);
+
+    copier->start();
+    std::thread receiver([this] { receive(); });
+    std::thread ticker([this] { tick(); });
+    write_stats(false);
+    tell(opt.ready_fd, "ready");
+    if (opt.ready_fd >= 0) close(opt.ready_fd);
+
+    int sig = 0;
+    sigwait(&set, &sig);
+    spdlog::info("stopping on signal {}", sig);
+    map.map().header().stopping = 1;
+    stop = true;
+    receiver.join();
+    ticker.join();
+    copier->stop();
+    write_stats(true);
+    unlinkat(tier_fds[0], kSocketName, 0);
+    spdlog::info("stopped: {} copies, {} handed over by readers", counters[s_copies].load(),
+                 counters[s_handoffs].load());
+    return 0;
+  }
+};
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  po::options_description desc(
+      "monarch-stager: stages a dataset to node-local tiers for one job on one node.\n"
+      "Usually started by monarch-run or the Slurm plugin. Options");
+  desc.add_options()("help,h", "this text")(
+      "config", po::value(&o.config), "configuration file (default " MONARCH_DEFAULT_CONFIG ")")(
+      "dataset", po::value(&o.dataset)->required(), "the dataset's directory on the PFS")(
+      "job", po::value(&o.job)->required(), "job key naming the job's directories")(
+      "tier", po::value(&o.tiers)->composing(), "DIR[:QUOTA], replaces the configured tiers")(
+      "log-level", po::value(&o.log_level), "trace, debug, info, warn, error, off")(
+      "ready-fd", po::value(&o.ready_fd), "descriptor that gets 'ready' or 'error: ...'")(
+      "exit-with-parent", po::bool_switch(&o.exit_with_parent), "stop when the parent exits");
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, desc), vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    std::exit(0);
+  }
+  po::notify(vm);
+  o.config_given = vm.count("config") && !vm["config"].defaulted();
+  return o;
+}
+
+}  // namespace
+}  // namespace monarch
+
+int main(int argc, char** argv) {
+  using namespace monarch;
+  Options opt;
+  try {
+    opt = parse_args(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "monarch-stager: " << e.what() << " (see --help)\n";
+    return 2;
+  }
+  if (opt.exit_with_parent) prctl(PR_SET_PDEATHSIG, SIGTERM);
+  Stager s;
+  s.opt = opt;
+  try {
+    if (!valid_job_key(opt.job))
+      throw StartError("--job '" + opt.job + "': use letters, digits, '.', '_' and '-' only");
+    // Without an explicit --config, command-line tiers need no configuration file.
+    if (!opt.config_given && !opt.tiers.empty() && access(opt.config.c_str(), F_OK) != 0)
+      s.config = Config{.source = "(defaults)"};
+    else
+      s.config = load_config(opt.config);
+    override_tiers(s.config, opt.tiers);
+    s.root = check_dataset(opt.dataset, s.config);
+    s.start();
+  } catch (const std::exception& e) {
+    std::cerr << "monarch-stager: " << e.what() << "\n";
+    tell(opt.ready_fd, std::string("error: ") + e.what());
+    return 2;
+  }
+  try {
+    return s.run();
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,209 @@
+#include "stats.h"
+
+#include <sys/time.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <sstream>
+
+namespace monarch {
+namespace {
+
+constexpr size_t kMaxSamples = 3600;  // longer series are halved in resolution
+
+struct CounterName {
+  const char* name;
+  int first, count;
+};
+constexpr CounterName kProcessNames[] = {
+#define MONARCH_COUNTER_NAME(name, n, meaning) {#name, c_##name, n},
+    MONARCH_PROCESS_COUNTERS(MONARCH_COUNTER_NAME)
+#undef MONARCH_COUNTER_NAME
+};
+constexpr const char* kStagerNames[] = {
+#define MONARCH_STAGER_NAME(name, meaning) #name,
+    MONARCH_STAGER_COUNTERS(MONARCH_STAGER_NAME)
+#undef MONARCH_STAGER_NAME
+};
+
+int64_t unix_now() {
+  timeval tv;
+  gettimeofday(&tv, nullptr);
+  return tv.tv_sec;
+}
+
+}  // namespace
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\', out += char(c);
+    else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else
+      out += char(c);
+  }
+  return out + "\"";
+}
+
+Stats::Stats(const JobMap& map, const std::atomic<uint64_t>* stager, const Placement& placement,
+             JobInfo info, IndexStats index)
+    : map_(map),
+      stager_(stager),
+      placement_(placement),
+      info_(std::move(info)),
+      index_(index),
+      start_ns_(monotonic_ns()) {
+  last_ = take(start_ns_);
+}
+
+Stats::Snapshot Stats::take(uint64_t now_ns) const {
+  Snapshot s;
+  s.t_ns = now_ns;
+  uint32_t used = std::min<uint32_t>(map_.header().next_slot.load(), kProcSlots);
+  for (uint32_t i = 0; i < used; ++i) {
+    const ProcSlot& slot = map_.slot(i);
+    for (int c = 0; c < kNumCounters; ++c) s.p[c] += slot.c[c].load(std::memory_order_relaxed);
+  }
+  for (int c = 0; c < kNumStagerCounters; ++c) s.s[c] = stager_[c].load(std::memory_order_relaxed);
+  return s;
+}
+
+void Stats::tick(uint64_t now_ns) {
+  uint64_t size = map_.header().dataset_bytes;
+  if (size == 0) return;
+  Snapshot s = take(now_ns);
+  std::lock_guard lock(mu_);
+  while (s.p[c_bytes] >= (epochs_.size() + 1) * size) epochs_.push_back(s);
+}
+
+void Stats::sample(uint64_t now_ns) {
+  Snapshot s = take(now_ns);
+  std::lock_guard lock(mu_);
+  std::array<uint64_t, kMapTiers + 2> served{};
+  for (int t = 0; t < kMapTiers; ++t) served[t] = s.p[c_tier_bytes + t] - last_.p[c_tier_bytes + t];
+  served[kMapTiers] = s.p[c_pfs_served_bytes] + s.p[c_mem_bytes] - last_.p[c_pfs_served_bytes] -
+                      last_.p[c_mem_bytes];
+  served[kMapTiers + 1] = s.s[s_pfs_bytes] - last_.s[s_pfs_bytes];
+  std::array<uint64_t, kMapTiers> cached{};
+  for (int t = 0; t < placement_.tiers() && t < kMapTiers; ++t) cached[t] = placement_.used(t);
+  last_ = s;
+  if (!served_.empty() && (now_ns - start_ns_) / 1'000'000'000 < served_.size() * interval_s_) {
+    // Same interval as the last sample (a late tick): add to it.
+    for (int i = 0; i < kMapTiers + 2; ++i) served_.back()[i] += served[i];
+    cached_.back() = cached;
+    return;
+  }
+  served_.push_back(served);
+  cached_.push_back(cached);
+  if (served_.size() >= kMaxSamples) {  // halve the resolution
+    for (size_t i = 0; i < served_.size() / 2; ++i) {
+      for (int k = 0; k < kMapTiers + 2; ++k)
+        served_[i][k] = served_[2 * i][k] + served_[2 * i + 1][k];
+      cached_[i] = cached_[2 * i + 1];
+    }
+    served_.resize(served_.size() / 2);
+    cached_.resize(cached_.size() / 2);
+    interval_s_ *= 2;
+  }
+}
+
+std::string Stats::json(bool complete, double fill_seconds) const {
+  uint64_t now = monotonic_ns();
+  Snapshot s = take(now);
+  std::lock_guard lock(mu_);
+  int tiers = placement_.tiers();
+  std::ostringstream o;
+  auto counters = [&](const Snapshot& a, const Snapshot* b) {
+    o << "{";
+    bool first = true;
+    for (const CounterName& n : kProcessNames) {
+      o << (first ? "" : ",") << json_string(n.name) << ":";
+      first = false;
+      auto v = [&](int c) { return a.p[c] - (b ? b->p[c] : 0); };
+      if (n.count == 1) {
+        o << v(n.first);
+        continue;
+      }
+      o << "[";
+      for (int t = 0; t < tiers; ++t) o << (t ? "," : "") << v(n.first + t);
+      o << "]";
+    }
+    o << ",\"stager\":{";
+    for (int c = 0; c < kNumStagerCounters; ++c)
+      o << (c ? "," : "") << json_string(kStagerNames[c]) << ":" << a.s[c] - (b ? b->s[c] : 0);
+    o << "}}";
+  };
+
+  o << "{\"schema\":" << json_string(kStatsSchema)
+    << ",\"complete\":" << (complete ? "true" : "false") << ",\"job\":" << json_string(info_.job)
+    << ",\"host\":" << json_string(info_.host) << ",\"user\":" << json_string(info_.user)
+    << ",\"dataset\":" << json_string(info_.dataset)
+    << ",\"config_file\":" << json_string(info_.config_file)
+    << ",\"started_unix\":" << info_.started_unix << ",\"updated_unix\":" << unix_now()
+    << ",\"elapsed_s\":" << (now - start_ns_) / 1e9;
+  o << ",\"settings\":{\"consistency\":" << json_string(info_.consistency)
+    << ",\"copy_threads\":" << info_.copy_threads
+    << ",\"stage_ahead\":" << (info_.stage_ahead ? "true" : "false")
+    << ",\"small_file_max\":" << info_.small_file_max << "}";
+  o << ",\"tiers\":[";
+  for (int t = 0; t < tiers; ++t) {
+    o << (t ? "," : "") << "{\"name\":" << json_string(info_.tier_names[t])
+      << ",\"dir\":" << json_string(info_.tier_dirs[t]) << ",\"quota\":" << placement_.quota(t)
+      << ",\"used\":" << placement_.used(t)
+      << ",\"full\":" << (placement_.full(t) ? "true" : "false") << "}";
+  }
+  uint64_t cached_files = 0, cached_bytes = 0;
+  for (uint64_t i = 0; i < map_.size(); ++i)
+    if (state_of(map_.entry(i).state.load(std::memory_order_relaxed)) == kCached)
+      cached_files++, cached_bytes += map_.entry(i).size;
+  o << "],\"index\":{\"files\":" << index_.files << ",\"bytes\":" << index_.bytes
+    << ",\"dirs\":" << index_.dirs << ",\"skipped\":" << index_.skipped
+    << ",\"unreadable_dirs\":" << index_.unreadable << ",\"seconds\":" << index_.seconds
+    << ",\"map_bytes\":" << map_.header().file_size << "}";
+  o << ",\"cached\":{\"files\":" << cached_files << ",\"bytes\":" << cached_bytes
+    << ",\"fill_seconds\":" << fill_seconds << "}";
+  o << ",\"totals\":";
+  counters(s, nullptr);
+  o << ",\"epochs\":[";
+  const Snapshot* prev = nullptr;
+  Snapshot zero;
+  zero.t_ns = start_ns_;
+  for (size_t e = 0; e <= epochs_.size(); ++e) {
+    const Snapshot& end = e < epochs_.size() ? epochs_[e] : s;
+    const Snapshot& begin = prev ? *prev : zero;
+    if (e == epochs_.size() && end.p[c_bytes] == begin.p[c_bytes]) break;  // no partial epoch
+    o << (e ? "," : "") << "{\"number\":" << e + 1
+      << ",\"complete\":" << (e < epochs_.size() ? "true" : "false")
+      << ",\"start_s\":" << (begin.t_ns - start_ns_) / 1e9
+      << ",\"end_s\":" << (end.t_ns - start_ns_) / 1e9 << ",\"counters\":";
+    counters(end, &begin);
+    o << "}";
+    prev = &end;
+  }
+  o << "],\"series\":{\"interval_s\":" << interval_s_ << ",\"served\":[";
+  auto series = [&](const std::string& name, const char* kind, auto value) {
+    o << "{\"name\":" << json_string(name) << ",\"kind\":\"" << kind << "\",\"bytes\":[";
+    for (size_t i = 0; i < served_.size(); ++i) o << (i ? "," : "") << value(i);
+    o << "]}";
+  };
+  for (int t = 0; t < tiers; ++t) {
+    series(info_.tier_names[t], "tier", [&](size_t i) { return served_[i][t]; });
+    o << ",";
+  }
+  series("pfs", "pfs", [&](size_t i) { return served_[i][kMapTiers]; });
+  o << ",";
+  series("stager", "copy", [&](size_t i) { return served_[i][kMapTiers + 1]; });
+  o << "],\"cached\":[";
+  for (int t = 0; t < tiers; ++t) {
+    o << (t ? "," : "");
+    series(info_.tier_names[t], "tier", [&](size_t i) { return cached_[i][t]; });
+  }
+  o << "]}}\n";
+  return o.str();
+}
+
+}  // namespace monarch

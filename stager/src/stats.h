@@ -1,0 +1,72 @@
+// The job's statistics: sums of every process's counters and the stager's,
+// epochs (detected when the bytes read reach the dataset's size), and a
+// per-second time series. Written as JSON (schema "monarch-stats/1") to the
+// job directory every few seconds and at the end; monarch-report renders it.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "counters.h"
+#include "index.h"
+#include "jobmap.h"
+#include "placement.h"
+
+namespace monarch {
+
+inline constexpr const char* kStatsSchema = "monarch-stats/1";
+
+struct JobInfo {
+  std::string job, host, user, dataset, consistency, config_file;
+  std::vector<std::string> tier_names, tier_dirs;
+  unsigned copy_threads = 0;
+  bool stage_ahead = true;
+  uint64_t small_file_max = 0;
+  int64_t started_unix = 0;
+};
+
+class Stats {
+ public:
+  Stats(const JobMap& map, const std::atomic<uint64_t>* stager, const Placement& placement,
+        JobInfo info, IndexStats index);
+
+  // Every ~100 ms: notes epoch boundaries.
+  void tick(uint64_t now_ns);
+  // Every second: appends to the time series.
+  void sample(uint64_t now_ns);
+  // The whole statistics as JSON. `complete`: the stager stopped normally.
+  std::string json(bool complete, double fill_seconds) const;
+
+ private:
+  struct Snapshot {
+    uint64_t t_ns = 0;
+    std::array<uint64_t, kNumCounters> p{};
+    std::array<uint64_t, kNumStagerCounters> s{};
+  };
+  Snapshot take(uint64_t now_ns) const;
+
+  const JobMap& map_;
+  const std::atomic<uint64_t>* stager_;
+  const Placement& placement_;
+  JobInfo info_;
+  IndexStats index_;
+  uint64_t start_ns_;
+
+  mutable std::mutex mu_;
+  std::vector<Snapshot> epochs_;  // cumulative counters at each epoch's end
+  // Time series: per interval, bytes served from each tier, from the PFS
+  // (direct reads and bytes read whole at open), and cached bytes per tier.
+  uint64_t interval_s_ = 1;
+  Snapshot last_;
+  std::vector<std::array<uint64_t, kMapTiers + 2>> served_;  // tiers..., pfs, stager copies
+  std::vector<std::array<uint64_t, kMapTiers>> cached_;
+};
+
+// Minimal JSON string escaping.
+std::string json_string(std::string_view s);
+
+}  // namespace monarch
