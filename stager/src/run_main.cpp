@@ -1,0 +1,259 @@
+// monarch-run: the life cycle of a Monarch job without Slurm. Starts a
+// stager, runs the command with the interposition library, stops the stager,
+// prints the summary, removes the node-local copies.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "config.h"
+#include "jobmap.h"
+#include "remove_tree.h"
+#include "report.h"
+
+#ifndef MONARCH_BINDIR
+#define MONARCH_BINDIR "/usr/local/bin"
+#endif
+#ifndef MONARCH_INTERPOSE_PATH
+#define MONARCH_INTERPOSE_PATH "/usr/local/lib/monarch/libmonarch_interpose.so"
+#endif
+
+namespace monarch {
+namespace {
+namespace po = boost::program_options;
+
+struct Options {
+  std::string dataset, config, report;
+  bool config_given = false, keep = false, quiet = false;
+  std::vector<std::string> tiers, command;
+};
+
+[[noreturn]] void fail(const std::string& message) {
+  std::cerr << "monarch-run: " << message << "\n";
+  std::exit(2);
+}
+
+std::string exe_dir() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  buf[n] = 0;
+  std::string s = buf;
+  return s.substr(0, s.rfind('/'));
+}
+
+// The first of `candidates` that exists: the build tree first, then the install.
+std::string find_file(std::initializer_list<std::string> candidates) {
+  for (const std::string& c : candidates)
+    if (access(c.c_str(), F_OK) == 0) return c;
+  return *candidates.begin();
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  int split = argc;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--") == 0) {
+      split = i;
+      break;
+    }
+  po::options_description desc(
+      "monarch-run --dataset DIR [options] -- CMD [ARGS...]\n"
+      "Runs CMD with its reads of DIR served from node-local tiers. Options");
+  desc.add_options()("help,h", "this text")("dataset", po::value(&o.dataset),
+                                            "the dataset's directory (read-only for the run)")(
+      "config", po::value(&o.config), "configuration file (default the installed monarch.conf)")(
+      "tier", po::value(&o.tiers)->composing(),
+      "DIR[:QUOTA] node-local tier, fastest first; replaces the configured tiers; QUOTA is a "
+      "size (500G) or a share of the file system (80%), default 100%")(
+      "report", po::value(&o.report), "also write the statistics as JSON to this file")(
+      "keep", po::bool_switch(&o.keep), "keep the node-local copies (for debugging)")(
+      "quiet,q", po::bool_switch(&o.quiet), "do not print the summary");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(split, argv, desc), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    fail(std::string(e.what()) + " (see --help)");
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    std::exit(0);
+  }
+  if (o.dataset.empty()) fail("--dataset DIR is required (see --help)");
+  for (int i = split + 1; i < argc; ++i) o.command.push_back(argv[i]);
+  if (o.command.empty())
+    fail("no command: give it after '--', e.g. monarch-run --dataset D -- cat D/x");
+  o.config_given = vm.count("config") > 0;
+  if (!o.config_given) o.config = MONARCH_DEFAULT_CONFIG;
+  return o;
+}
+
+// Waits for the stager's one line on `fd`; "" on timeout.
+std::string read_line(int fd, unsigned timeout_s) {
+  std::string line;
+  pollfd p{.fd = fd, .events = POLLIN};
+  while (poll(&p, 1, timeout_s ? int(timeout_s * 1000) : -1) > 0) {
+    char c;
+    if (read(fd, &c, 1) != 1 || c == '\n') return line.empty() ? "error: the stager exited" : line;
+    line += c;
+  }
+  return "";
+}
+
+pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>* env,
+            int keep_fd) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  std::vector<char*> argv, envp;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  if (keep_fd >= 0) fcntl(keep_fd, F_SETFD, 0);
+  if (env) {
+    for (const auto& e : *env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    execvpe(argv[0], argv.data(), envp.data());
+  } else {
+    execvp(argv[0], argv.data());
+  }
+  std::cerr << "monarch-run: cannot run " << args[0] << ": " << std::strerror(errno) << "\n";
+  _exit(127);
+}
+
+int wait_status(pid_t pid) {
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// Stops the stager: SIGTERM, then SIGKILL after `bound_s`.
+void stop(pid_t pid, unsigned bound_s) {
+  kill(pid, SIGTERM);
+  for (unsigned i = 0; i < bound_s * 20; ++i) {
+    if (waitpid(pid, nullptr, WNOHANG) == pid) return;
+    usleep(50'000);
+  }
+  std::cerr << "monarch-run: the stager did not stop in " << bound_s << " s; killed\n";
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+pid_t g_child = 0;
+void forward(int sig) {
+  if (g_child > 0) kill(g_child, sig);
+}
+
+}  // namespace
+}  // namespace monarch
+
+int main(int argc, char** argv) {
+  using namespace monarch;
+  Options opt = parse(argc, argv);
+  Config config;
+  try {
+    if (!opt.config_given && !opt.tiers.empty() && access(opt.config.c_str(), F_OK) != 0)
+      config = Config{.source = "(defaults)"};
+    else
+      config = load_config(opt.config);
+    override_tiers(config, opt.tiers);
+  } catch (const ConfigError& e) {
+    fail(e.what());
+  }
+  if (config.tiers.empty()) fail("no node-local tier: give --tier DIR or a configuration file");
+  std::string job = "run-" + std::to_string(getpid());
+  std::string dir = exe_dir();
+
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+  std::vector<std::string> sargs = {
+      find_file({dir + "/monarch-stager", MONARCH_BINDIR "/monarch-stager"}),
+      "--dataset",
+      opt.dataset,
+      "--job",
+      job,
+      "--ready-fd",
+      std::to_string(pipefd[1]),
+      "--exit-with-parent"};
+  if (opt.config_given) sargs.insert(sargs.end(), {"--config", opt.config});
+  for (const std::string& t : opt.tiers) sargs.insert(sargs.end(), {"--tier", t});
+  pid_t stager = spawn(sargs, nullptr, pipefd[1]);
+  close(pipefd[1]);
+  std::string ready = read_line(pipefd[0], config.start_timeout_s);
+  close(pipefd[0]);
+  if (ready.starts_with("error")) {
+    wait_status(stager);
+    fail(ready.substr(ready.find(':') + 2));  // the stager's message, already clear
+  }
+  if (ready.empty())
+    std::cerr << "monarch-run: the stager is not ready after " << config.start_timeout_s
+              << " s; the command starts now and reads from the PFS until it is\n";
+
+  // The command's environment: the library appended to LD_PRELOAD.
+  std::string lib =
+      find_file({dir + "/../interpose/libmonarch_interpose.so", MONARCH_INTERPOSE_PATH});
+  char cwd[PATH_MAX] = "";
+  if (!getcwd(cwd, sizeof cwd)) cwd[0] = 0;
+  char root[kPathMax];
+  normalize_path(cwd, opt.dataset, root, sizeof root);
+  std::vector<std::string> env;
+  std::string preload = lib;
+  for (char** e = environ; *e; ++e) {
+    std::string v = *e;
+    if (v.starts_with("LD_PRELOAD=") && v.size() > 11)
+      preload = v.substr(11) + ":" + lib;
+    else if (!v.starts_with(std::string(kEnvDataset) + "=") &&
+             !v.starts_with(std::string(kEnvJobDir) + "="))
+      env.push_back(v);
+  }
+  env.push_back("LD_PRELOAD=" + preload);
+  env.push_back(std::string(kEnvDataset) + "=" + root);
+  std::string job_dir0 = job_dir(config.tiers[0], job);
+  env.push_back(std::string(kEnvJobDir) + "=" + job_dir0);
+
+  signal(SIGINT, forward);
+  signal(SIGTERM, forward);
+  g_child = spawn(opt.command, &env, -1);
+  int status = wait_status(g_child);
+  g_child = 0;
+
+  stop(stager, config.stop_timeout_s);
+  std::ifstream in(job_dir0 + "/" + kStatsName);
+  std::stringstream stats;
+  stats << in.rdbuf();
+  if (!opt.report.empty()) {
+    std::ofstream out(opt.report);
+    out << stats.str();
+    if (!out) std::cerr << "monarch-run: cannot write " << opt.report << "\n";
+  }
+  if (!opt.quiet) {
+    std::string summary;
+    try {
+      summary = summary_text(stats.str());
+    } catch (const std::exception& e) {
+      summary = std::string("no statistics: ") + e.what() + "\n";
+    }
+    std::cerr << summary;
+  }
+  if (!opt.keep)
+    for (const TierConfig& t : config.tiers) {
+      RemoveResult r = remove_tree(job_dir(t, job));
+      if (r.errors)
+        std::cerr << "monarch-run: could not remove " << r.first_path << ": "
+                  << std::strerror(r.first_errno) << "\n";
+    }
+  return status;
+}
