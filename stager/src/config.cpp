@@ -168,8 +168,12 @@ Config load_config(const std::string& path) {
     po::options_description none;
     parsed = po::parse_config_file(stream, none, /*allow_unregistered=*/true);
   } catch (const po::invalid_config_file_syntax& e) {
-    throw ConfigError(path + ":" + std::to_string(line_containing(text, e.get_option_name())) +
-                      ": " + e.what() + " (expected 'key = value' or '[section]')");
+    // The message quotes the bad line: find it to report its number.
+    std::string what = e.what();
+    size_t a = what.find('\''), b = what.rfind('\'');
+    std::string bad = a < b ? what.substr(a + 1, b - a - 1) : "";
+    throw ConfigError(path + ":" + std::to_string(line_containing(text, bad)) + ": " + what +
+                      " (expected 'key = value' or '[section]')");
   } catch (const po::error& e) {
     throw ConfigError(path + ": " + e.what());
   }

@@ -1,0 +1,115 @@
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "index.h"
+
+namespace monarch {
+namespace {
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char name[] = "/tmp/monarch-index-XXXXXX";
+    path = mkdtemp(name);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+void write(const fs::path& p, size_t bytes) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << std::string(bytes, 'x');
+}
+
+TEST(Index, FindsEveryRegularFileAndAnswersStat) {
+  TempDir d;
+  fs::path root = d.path / "ds";
+  for (int c = 0; c < 5; ++c)
+    for (int i = 0; i < 40; ++i)
+      write(root / ("class" + std::to_string(c)) / ("f" + std::to_string(i)), c * 100 + i);
+  write(root / "top", 7);
+  fs::create_symlink(root / "top", root / "link");  // links are read from the PFS
+  mkfifo((root / "fifo").c_str(), 0600);
+  IndexOptions o{.root = root.string(), .out_path = (d.path / "index").string(),
+                 .tier_dirs = {"/t0"}, .generation = 42};
+  IndexStats stats;
+  bool published = false;
+  MappedMap mm = build_index(o, stats, [&](JobMap& m) {
+    EXPECT_FALSE(fs::exists(o.out_path)) << "published before before_publish ran";
+    published = true;
+  });
+  ASSERT_TRUE(published);
+  JobMap& m = mm.map();
+  EXPECT_EQ(m.validate(), "");
+  EXPECT_EQ(stats.files, 201u);
+  EXPECT_EQ(m.size(), 201u);
+  EXPECT_EQ(stats.skipped, 2u);
+  EXPECT_EQ(m.header().generation, 42u);
+  EXPECT_STREQ(m.header().tier_dirs[0], "/t0");
+
+  int64_t id = m.find("class3/f17");
+  ASSERT_GE(id, 0);
+  EXPECT_EQ(m.path(id), "class3/f17");
+  EXPECT_EQ(m.entry(id).size, 317u);
+  struct stat want, got;
+  ASSERT_EQ(stat((root / "class3/f17").c_str(), &want), 0);
+  ASSERT_TRUE(m.fill_stat(id, &got));
+  EXPECT_EQ(got.st_ino, want.st_ino);
+  EXPECT_EQ(got.st_dev, want.st_dev);
+  EXPECT_EQ(got.st_mode, want.st_mode);
+  EXPECT_EQ(got.st_size, want.st_size);
+  EXPECT_EQ(got.st_blocks, want.st_blocks);
+  EXPECT_EQ(got.st_mtim.tv_nsec, want.st_mtim.tv_nsec);
+  EXPECT_EQ(got.st_mtim.tv_sec, want.st_mtim.tv_sec);
+  EXPECT_EQ(m.find("link"), -1);
+  EXPECT_EQ(m.find("class3"), -1);
+  EXPECT_EQ(m.find("class3/f1"), m.find("class3/f1"));
+  EXPECT_EQ(m.find("nope"), -1);
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < m.size(); ++i) {
+    EXPECT_EQ(m.find(m.path(i)), int64_t(i));  // every path finds itself
+    total += m.entry(i).size;
+  }
+  EXPECT_EQ(m.header().dataset_bytes, total);
+
+  // A second mapping of the published file sees the same index.
+  MappedMap again = open_index(o.out_path);
+  EXPECT_EQ(again.map().find("class3/f17"), id);
+}
+
+TEST(Index, AboutOneHundredBytesPerFile) {
+  TempDir d;
+  fs::path root = d.path / "ds";
+  const int files = 20000;
+  for (int c = 0; c < 100; ++c) fs::create_directories(root / ("n0144076" + std::to_string(c)));
+  for (int i = 0; i < files; ++i) {
+    std::string dir = "n0144076" + std::to_string(i % 100);
+    std::ofstream(root / dir / (dir + "_" + std::to_string(10000 + i) + ".JPEG"));
+  }
+  IndexOptions o{.root = root.string(), .out_path = (d.path / "index").string()};
+  IndexStats stats;
+  MappedMap mm = build_index(o, stats, [](JobMap&) {});
+  const Header& h = mm.map().header();
+  // ImageNet-like relative paths of ~30 bytes: entries, buckets and strings.
+  double per_file = double(h.slots_off - h.entries_off) / files;
+  EXPECT_LE(per_file, 100.0) << "bytes per file in the index";
+}
+
+TEST(Index, UnreadableRootIsAClearError) {
+  IndexOptions o{.root = "/nonexistent/dataset", .out_path = "/tmp/x"};
+  IndexStats stats;
+  try {
+    build_index(o, stats, [](JobMap&) {});
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dataset"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace monarch
