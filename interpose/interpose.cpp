@@ -51,8 +51,10 @@ struct KeepErrno {
 };
 
 // How long a reader waits for a copy that makes no progress before it reads
-// the PFS itself, and how far ahead of a copy's progress it is still worth
-// waiting rather than reading the PFS (about 20 ms of a copy at 400 MB/s).
+// the PFS itself, and how far ahead of a copy's progress a read may start and
+// still wait for it rather than read the PFS (about 20 ms of a copy at
+// 400 MB/s). A reader at the copy's front waits: reading the same bytes from
+// the PFS in parallel is what made the original Monarch read 36-48% twice.
 constexpr uint64_t kStallNs = 200'000'000;
 constexpr uint64_t kWaitWindow = 8 << 20;
 // How long an open waits for a small file someone else is reading whole.
@@ -608,7 +610,7 @@ bool switch_to_copy(FdEntry* e, int fd, uint32_t tier) {
 constexpr ssize_t kNotYet = -2;
 
 // Serves [pos, pos+n) from the copy being written if that part is written.
-// `distance`: how far the copy still is from covering it.
+// Otherwise `distance` tells how far ahead of the copy the read starts.
 ssize_t read_partial(FdEntry* e, int fd, void* buf, size_t n, off_t off, uint32_t s,
                      uint64_t& distance) {
   JobMap* m = e->map;
@@ -622,7 +624,7 @@ ssize_t read_partial(FdEntry* e, int fd, void* buf, size_t n, off_t off, uint32_
   uint64_t end = std::min<uint64_t>(pos + n, fe.size);
   if (uint64_t(pos) >= fe.size) end = pos;  // at or past the end: 0 bytes, as the PFS says
   if (end > progress) {
-    distance = end - progress;
+    distance = uint64_t(pos) > progress ? pos - progress : 0;
     return kNotYet;
   }
   if (e->aux < 0) e->aux = open_copy(m, e->file, tier_of(s), O_RDONLY, false);

@@ -1,0 +1,182 @@
+#!/usr/bin/python3
+"""Reads a dataset the way DL frameworks do, for several epochs in a shuffled
+order, and prints one JSON line per epoch: the md5 of every file read and,
+with --counts, a snapshot of the emulated PFS's counters taken after the
+epoch. Used by the engine tests with and without Monarch underneath.
+
+Modes (how each file is read):
+  read      Python open().read()               (PyTorch ImageFolder, PIL)
+  chunks    open() + read(64 KiB) until EOF    (buffered stream readers)
+  mmap      mmap.mmap over the whole file       (numpy.memmap, DALI)
+  pread     os.pread in 256 KiB chunks          (TensorFlow TFRecord)
+  threads   --threads threads, each os.pread 256 KiB chunks of its share of
+            every large file, all files interleaved
+  cat       the `cat` program, one process per file
+  md5sum    the `md5sum` program on all files of a directory (fopen/fread)
+  loader    torch DataLoader, 4 fork workers, DatasetFolder-like tree
+"""
+import argparse
+import hashlib
+import json
+import mmap
+import os
+import random
+import subprocess
+import sys
+import threading
+
+CHUNK = 256 << 10
+
+
+def files_of(root):
+    out = []
+    for d, _, names in os.walk(root):
+        out += [os.path.join(d, n) for n in names]
+    return sorted(out)
+
+
+def md5_read(p):
+    with open(p, "rb") as f:
+        return hashlib.md5(f.read()).hexdigest()
+
+
+def md5_chunks(p):
+    h = hashlib.md5()
+    with open(p, "rb") as f:
+        while b := f.read(64 << 10):
+            h.update(b)
+    return h.hexdigest()
+
+
+def md5_mmap(p):
+    with open(p, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return hashlib.md5(b"").hexdigest()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return hashlib.md5(m).hexdigest()
+
+
+def md5_pread(p):
+    h = hashlib.md5()
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        off = 0
+        while b := os.pread(fd, CHUNK, off):
+            h.update(b)
+            off += len(b)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
+def md5_cat(p):
+    return hashlib.md5(subprocess.run(["cat", p], check=True, capture_output=True).stdout).hexdigest()
+
+
+def epoch_threads(paths, nthreads):
+    """Several threads share each file's descriptor and read its chunks with
+    pread; files are interleaved across threads."""
+    sums = {}
+    lock = threading.Lock()
+    jobs = []
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        size = os.fstat(fd).st_size
+        jobs.append((p, fd, size, [None] * ((size + CHUNK - 1) // CHUNK)))
+    work = [(j, k) for j in range(len(jobs)) for k in range(len(jobs[j][3]))]
+    random.shuffle(work)
+    it = iter(work)
+
+    def run():
+        while True:
+            with lock:
+                w = next(it, None)
+            if w is None:
+                return
+            j, k = w
+            p, fd, size, parts = jobs[j]
+            parts[k] = os.pread(fd, CHUNK, k * CHUNK)
+
+    ts = [threading.Thread(target=run) for _ in range(nthreads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for p, fd, size, parts in jobs:
+        os.close(fd)
+        data = b"".join(parts)
+        assert len(data) == size, f"{p}: {len(data)} bytes read, {size} expected"
+        sums[p] = hashlib.md5(data).hexdigest()
+    return sums
+
+
+def epoch_loader(root, seed):
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Files(Dataset):  # DatasetFolder: (path, class) pairs, loader opens and reads
+        def __init__(self, root):
+            classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+            self.samples = [(p, i) for i, c in enumerate(classes)
+                            for p in files_of(os.path.join(root, c))]
+
+        def __len__(self):
+            return len(self.samples)
+
+        def __getitem__(self, i):
+            path, target = self.samples[i]
+            with open(path, "rb") as f:
+                data = f.read()
+            return path, hashlib.md5(data).hexdigest(), len(data), target
+
+    g = torch.Generator()
+    g.manual_seed(seed)
+    dl = DataLoader(Files(root), batch_size=16, shuffle=True, num_workers=4, generator=g,
+                    multiprocessing_context="fork", collate_fn=lambda b: b)
+    sums = {}
+    for batch in dl:
+        for path, digest, n, target in batch:
+            sums[path] = digest
+    return sums
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("--mode", default="read")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--counts", help="emulated PFS counts file to snapshot after each epoch")
+    ap.add_argument("--subdir", default="", help="read only this subdirectory of root")
+    a = ap.parse_args()
+    top = os.path.join(a.root, a.subdir) if a.subdir else a.root
+    paths = files_of(top)
+    readers = {"read": md5_read, "chunks": md5_chunks, "mmap": md5_mmap, "pread": md5_pread,
+               "cat": md5_cat}
+    for e in range(a.epochs):
+        rnd = random.Random(a.seed * 1000 + e)
+        order = paths[:]
+        rnd.shuffle(order)
+        if a.mode in readers:
+            sums = {p: readers[a.mode](p) for p in order}
+        elif a.mode == "threads":
+            random.seed(a.seed * 1000 + e)
+            sums = epoch_threads(order, a.threads)
+        elif a.mode == "md5sum":
+            out = subprocess.run(["md5sum"] + order, check=True, capture_output=True, text=True)
+            sums = {l[34:]: l[:32] for l in out.stdout.splitlines()}
+        elif a.mode == "loader":
+            sums = epoch_loader(top, a.seed * 1000 + e)
+        else:
+            sys.exit(f"reader.py: unknown --mode {a.mode}")
+        rel = {os.path.relpath(p, a.root): s for p, s in sums.items()}
+        counts = None
+        if a.counts:
+            with open(a.counts) as f:
+                counts = json.load(f)
+        print(json.dumps({"epoch": e + 1, "files": rel, "pfs": counts}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
