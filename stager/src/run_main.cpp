@@ -54,8 +54,9 @@ std::string exe_dir() {
 
 // The first of `candidates` that exists: the build tree first, then the install.
 std::string find_file(std::initializer_list<std::string> candidates) {
+  char real[PATH_MAX];
   for (const std::string& c : candidates)
-    if (access(c.c_str(), F_OK) == 0) return c;
+    if (access(c.c_str(), F_OK) == 0) return realpath(c.c_str(), real) ? real : c;
   return *candidates.begin();
 }
 

@@ -1,0 +1,69 @@
+#!/usr/bin/python3
+"""Bytes identical, real readers: every common way a DL job reads files gives,
+through monarch-run for 3 shuffled epochs, the bytes of a direct read."""
+import os
+import subprocess
+import unittest
+
+from harness import (Case, FIO_FILE, FIO_VERIFY, FULL, LIBRARY, PY, READER, dataset,
+                     read_dataset, reference, run, tier)
+
+
+class Readers(Case):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = dataset("full", **FULL)
+        cls.ref = reference(cls.root)
+
+    def monarch(self, report=None):
+        opts = ["--dataset", self.root, "--tier", tier(self, "100%")]
+        if report:
+            opts += ["--report", report]
+        return opts
+
+    def check_mode(self, mode, subset=None, extra=()):
+        epochs, p = read_dataset(self.root, mode, monarch=self.monarch(), extra=extra)
+        self.assertSameBytes(epochs, self.ref, subset)
+        # Not vacuous: Monarch served reads from the tier.
+        self.assertIn("from node-local tiers", p.stderr)
+        return p
+
+    def test_python_read(self):
+        self.check_mode("read")
+
+    def test_python_chunked_stream(self):
+        self.check_mode("chunks", "images/class_001")
+
+    def test_python_mmap(self):
+        self.check_mode("mmap")
+
+    def test_md5sum_fopen_fread(self):
+        self.check_mode("md5sum", "images/", extra=["--subdir", "images"])
+
+    def test_cat(self):
+        self.check_mode("cat", "images/class_000", extra=["--subdir", "images/class_000"])
+
+    def test_torch_dataloader_fork_workers(self):
+        self.check_mode("loader", "images/", extra=["--subdir", "images"])
+
+    def test_large_files_pread_threads(self):
+        self.check_mode("threads", "records/", extra=["--subdir", "records", "--threads", "6"])
+
+    def test_fio_verify(self):
+        f = FIO_FILE.format(root=self.root)
+        p = run(["fio", "--name=check", "--filename=" + f, "--loops=3"] + FIO_VERIFY,
+                monarch=self.monarch())
+        self.assertIn("err= 0", p.stdout)
+        # A corrupted byte is what fio's verification would catch.
+        self.assertNotIn("verify failed", p.stdout + p.stderr)
+
+    def test_preload_keeps_users_entries(self):
+        # The library is appended to LD_PRELOAD; the user's own entries stay first.
+        p = run([PY, "-c", "import os; print(os.environ['LD_PRELOAD'])"],
+                monarch=self.monarch(), env={"LD_PRELOAD": "/lib/x86_64-linux-gnu/libm.so.6"})
+        self.assertEqual(p.stdout.strip(), "/lib/x86_64-linux-gnu/libm.so.6:" +
+                         os.path.realpath(LIBRARY))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

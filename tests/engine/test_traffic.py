@@ -1,0 +1,107 @@
+#!/usr/bin/python3
+"""PFS traffic, counted by the PFS itself (a counting FUSE mount), not by
+Monarch: what reaches the PFS per epoch when the whole dataset fits, when half
+fits, and when eight processes read at once."""
+import json
+import os
+import unittest
+
+from harness import (Case, FULL, PY, READER, SMALL, Pfs, TierWatch, dataset, dataset_bytes,
+                     epoch_deltas, read_dataset, reference, run, tier)
+
+
+class Traffic(Case):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = dataset("full", **FULL)
+        cls.ref = reference(cls.root)
+        cls.size = dataset_bytes(cls.root)
+
+    def run_epochs(self, pfs, quota, mode="read", report=None):
+        t = tier(self)
+        opts = ["--dataset", pfs.dataset, "--tier", f"{t}:{quota}", "--keep"]
+        if report:
+            opts += ["--report", report]
+        watch = TierWatch(t)
+        before = pfs.counts()
+        try:
+            epochs, p = read_dataset(pfs.dataset, mode, monarch=opts, counts=pfs.counts_file)
+        finally:
+            watch.stop()
+        self.assertSameBytes(epochs, self.ref)
+        return epoch_deltas(before, epochs), watch, t
+
+    def test_whole_dataset_fits(self):
+        with Pfs(self.root) as pfs:
+            d, watch, _ = self.run_epochs(pfs, "100%")
+        self.assertGreater(d[0]["opens"], 0, "epoch 1 read the PFS")
+        self.assertLessEqual(d[0]["bytes"], 1.02 * self.size,
+                             f"epoch 1 read {d[0]['bytes'] / self.size:.3f}x the dataset")
+        for e in (1, 2):
+            self.assertEqual((d[e]["opens"], d[e]["reads"]), (0, 0), f"epoch {e + 1}")
+        self.assertGreaterEqual(watch.max_bytes, self.size, "the whole dataset was cached")
+
+    def test_large_files_pread_threads(self):
+        # The TensorFlow pattern: 256 KiB preads from several threads, files interleaved.
+        with Pfs(self.root) as pfs:
+            t = tier(self)
+            before = pfs.counts()
+            epochs, _ = read_dataset(pfs.dataset, "threads",
+                                     monarch=["--dataset", pfs.dataset, "--tier", t],
+                                     counts=pfs.counts_file, extra=["--subdir", "records"])
+        self.assertSameBytes(epochs, self.ref, "records/")
+        d = epoch_deltas(before, epochs)
+        records = sum(os.path.getsize(os.path.join(self.root, "records", n))
+                      for n in os.listdir(os.path.join(self.root, "records")))
+        self.assertLessEqual(d[0]["bytes"], 1.02 * records)
+        self.assertEqual([(x["opens"], x["reads"]) for x in d[1:]], [(0, 0), (0, 0)])
+
+    def test_half_fits(self):
+        quota = self.size // 2
+        with Pfs(self.root) as pfs:
+            d, watch, t = self.run_epochs(pfs, str(quota))
+        cached = 0
+        for dirpath, _, names in os.walk(t):
+            if "/data" in dirpath:
+                cached += sum(os.path.getsize(os.path.join(dirpath, n)) for n in names)
+        self.assertGreater(watch.samples, 10)
+        self.assertLessEqual(watch.max_bytes, quota, "the tier exceeded its quota")
+        self.assertEqual(watch.evicted, [], "copies disappeared during the job")
+        self.assertGreater(cached, 0.4 * self.size, "the tier should be nearly full")
+        for e in (1, 2):
+            self.assertLessEqual(d[e]["bytes"], (self.size - cached) * 1.01,
+                                 f"epoch {e + 1} read more than the uncached part")
+            self.assertGreater(d[e]["bytes"], 0)
+
+
+class ManyProcesses(Case):
+    def test_eight_readers_one_quota(self):
+        root = dataset("small", **SMALL)
+        ref = reference(root)
+        size = dataset_bytes(root)
+        quota = int(size * 0.7)
+        t = tier(self)
+        report = os.path.join(t, "report.json")
+        script = " & ".join(f"{PY} {READER} {root} --mode read --epochs 2 --seed {i} > {t}/out{i}"
+                            for i in range(8)) + " & wait"
+        watch = TierWatch(t)
+        try:
+            run(["sh", "-c", script], monarch=["--dataset", root, "--tier", f"{t}:{quota}",
+                                               "--keep", "--report", report])
+        finally:
+            watch.stop()
+        for i in range(8):
+            with open(f"{t}/out{i}") as f:
+                epochs = [json.loads(l) for l in f]
+            self.assertSameBytes(epochs, ref, n_epochs=2)
+        self.assertLessEqual(watch.max_bytes, quota)
+        self.assertEqual(watch.evicted, [])
+        with open(report) as f:
+            stats = json.load(f)
+        made = stats["totals"]["stager"]["copies"] + stats["totals"]["stager"]["handoffs"]
+        self.assertGreater(stats["cached"]["files"], 0)
+        self.assertEqual(made, stats["cached"]["files"], "a file was copied more than once")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
