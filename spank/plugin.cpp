@@ -1,0 +1,124 @@
+// Entry points of the Monarch SPANK plugin: each dispatches on spank_context()
+// to the file of that context, and no exception crosses into Slurm.
+#include <exception>
+#include <string_view>
+
+#include "plugin.h"
+
+// SPANK_PLUGIN() defines const variables, which C++ gives internal linkage;
+// Slurm then refuses the plugin. Define them with C linkage by hand.
+extern "C" const char plugin_name[] = "monarch";
+extern "C" const char plugin_type[] = "spank";
+extern "C" const unsigned int plugin_version = SLURM_VERSION_NUMBER;
+extern "C" const unsigned int spank_plugin_version = 1;
+
+namespace monarch::spank {
+
+State& state() {
+  static State s;
+  return s;
+}
+
+void log_error(const std::string& message) {
+  slurm_error("monarch: %s", message.c_str());
+}
+
+void log_info(const std::string& message) {
+  slurm_info("monarch: %s", message.c_str());
+}
+
+void parse_args(int argc, char** argv) {
+  State& s = state();
+  if (s.args_parsed) return;
+  s.args_parsed = true;
+  for (int i = 0; i < argc; ++i) {
+    std::string_view word = argv[i];
+    size_t eq = word.find('=');
+    std::string key(word.substr(0, eq));
+    std::string value(eq == std::string_view::npos ? "" : word.substr(eq + 1));
+    if (key == "config") {
+      if (value.empty() || value[0] != '/') {
+        log_error("plugstack argument '" + std::string(word) +
+                  "': config= needs an absolute path; Monarch is off");
+        s.args.enabled = false;
+      } else {
+        s.args.config = value;
+      }
+    } else if (key == "enabled") {
+      if (value == "yes" || value == "true" || value == "on" || value == "1") {
+        s.args.enabled = true;
+      } else if (value == "no" || value == "false" || value == "off" || value == "0") {
+        s.args.enabled = false;
+      } else {
+        log_error("plugstack argument '" + std::string(word) +
+                  "': accepted enabled=yes or enabled=no; Monarch is off");
+        s.args.enabled = false;
+      }
+    } else {
+      log_error("unknown plugstack argument '" + key + "' ignored");
+    }
+  }
+}
+
+namespace {
+
+// Runs a hook; an exception becomes a log line and `on_error`.
+template <class F>
+int guarded(const char* hook, int on_error, F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    try {
+      log_error(std::string(hook) + ": " + e.what());
+    } catch (...) {
+    }
+  } catch (...) {
+    slurm_error("monarch: %s: unexpected error", hook);
+  }
+  return on_error;
+}
+
+}  // namespace
+}  // namespace monarch::spank
+
+using namespace monarch::spank;
+
+// The hooks. Everything that fails here leaves the job running without
+// Monarch: only a refused option at submission returns an error (submit.cpp).
+extern "C" {
+
+int slurm_spank_init(spank_t sp, int ac, char** av) {
+  return guarded("init", 0, [&] {
+    parse_args(ac, av);
+    switch (spank_context()) {
+      case S_CTX_LOCAL:
+      case S_CTX_REMOTE:
+      case S_CTX_ALLOCATOR:
+        return register_options(sp);
+      default:
+        return 0;
+    }
+  });
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
+  return guarded("init_post_opt", 0, [&] {
+    parse_args(ac, av);
+    return spank_context() == S_CTX_REMOTE ? remote_init_post_opt(sp) : 0;
+  });
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char** av) {
+  return guarded("task_init", 0, [&] {
+    return spank_context() == S_CTX_REMOTE ? remote_task_init(sp) : 0;
+  });
+}
+
+int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
+  return guarded("job_epilog", 0, [&] {
+    parse_args(ac, av);
+    return spank_context() == S_CTX_JOB_SCRIPT ? job_epilog(sp) : 0;
+  });
+}
+
+}  // extern "C"
