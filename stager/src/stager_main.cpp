@@ -210,6 +210,9 @@ struct Stager {
       std::exit(0);
     }
     // The lock is held until exit: the descriptor is never closed.
+    int reserve =
+        openat(tier_fds[0], kReserveName, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (reserve >= 0) posix_fallocate(reserve, 0, kReserveBytes), close(reserve);
 
     std::vector<Placement::Tier> tiers;
     for (size_t t = 0; t < config.tiers.size(); ++t) {
@@ -336,15 +339,28 @@ struct Stager {
     }
   }
 
-  void write_stats(bool complete) {
-    std::string text = stats->json(complete, copier->idle() ? copier->fill_seconds() : 0);
+  // Space kept so that the statistics can still be written once a tier's
+  // file system is full (another job may fill it): freed on the first ENOSPC.
+  static constexpr const char* kReserveName = "stats.reserve";
+  static constexpr off_t kReserveBytes = 1 << 20;
+
+  bool try_write_stats(const std::string& text) {
     std::string tmp = std::string(kStatsName) + ".tmp";
     int fd = openat(tier_fds[0], tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
                     0600);
     bool ok = fd >= 0 && write(fd, text.data(), text.size()) == ssize_t(text.size());
     if (fd >= 0) ok = close(fd) == 0 && ok;
-    if (!ok || renameat(tier_fds[0], tmp.c_str(), tier_fds[0], kStatsName) != 0)
-      spdlog::warn("cannot write {}/{}: {}", tier_dirs[0], kStatsName, errno_text());
+    if (!ok) unlinkat(tier_fds[0], tmp.c_str(), 0);
+    return ok && renameat(tier_fds[0], tmp.c_str(), tier_fds[0], kStatsName) == 0;
+  }
+
+  void write_stats(bool complete) {
+    std::string text = stats->json(complete, copier->idle() ? copier->fill_seconds() : 0);
+    if (try_write_stats(text)) return;
+    if ((errno == ENOSPC || errno == EDQUOT) && unlinkat(tier_fds[0], kReserveName, 0) == 0 &&
+        try_write_stats(text))
+      return;
+    spdlog::warn("cannot write {}/{}: {}", tier_dirs[0], kStatsName, errno_text());
   }
 
   // Heartbeat, epochs, time series, statistics on disk, dead claims.

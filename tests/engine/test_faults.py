@@ -54,7 +54,7 @@ class Faults(Case):
                               self.root, "--mode", "read", "--epochs", "3"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: stager_pids(t), what="the stager")
-        wait_for(lambda: any(os.scandir(os.path.join(t, d, "data")) for d in os.listdir(t)),
+        wait_for(lambda: any(os.listdir(os.path.join(t, d, "data")) for d in os.listdir(t)),
                  what="first copies")
         for pid in stager_pids(t):
             os.kill(pid, signal.SIGKILL)
@@ -123,7 +123,7 @@ class Faults(Case):
         self.assertEqual(read(path), self.ref[victim])
         copy = os.path.join(t, "monarch-" + job, "data", victim)
         wait_for(lambda: os.path.exists(copy), what="the copy")
-        wait_for(lambda: len(list(os.scandir(os.path.dirname(copy)))) > 3, what="stage-ahead")
+        wait_for(lambda: len(os.listdir(os.path.dirname(copy))) > 3, what="stage-ahead")
         s.terminate()
         s.wait()
         rewrite(path, b"new bytes" * 1000)
@@ -155,20 +155,20 @@ def md5(p):
 def cached(p):
     return any(os.path.exists(os.path.join(t, d, 'data', p)) for d in os.listdir(t)
                if d.startswith('monarch-'))
-def rewrite(p, data):  # from a process outside Monarch, like another PFS client
+def rewrite(p, n):  # n new random bytes, from a process outside Monarch, like another PFS client
     env = {{k: v for k, v in os.environ.items() if k != 'LD_PRELOAD'}}
     subprocess.run([sys.executable, '-c', 'import os,sys; p=sys.argv[1]; '
-                    'open(p+".new","wb").write(bytes.fromhex(sys.argv[2])); os.rename(p+".new",p)',
-                    os.path.join(root, p), data.hex()], env=env, check=True)
+                    'open(p+".new","wb").write(os.urandom(int(sys.argv[2]))); os.rename(p+".new",p)',
+                    os.path.join(root, p), str(n)], env=env, check=True)
 out = [md5({small!r})]
 while not cached({small!r}) or not cached({large!r}):
     md5({large!r}); time.sleep(0.05)
-rewrite({small!r}, b'changed' * 999)
+rewrite({small!r}, 7000)
 out.append(md5({small!r}))
 # One open across a rewrite: the bytes of that open stay the old file's.
 f = open(os.path.join(root, {large!r}), 'rb')
 head = f.read(256 << 10)
-rewrite({large!r}, os.urandom(1 << 20))
+rewrite({large!r}, 1 << 20)
 out.append(hashlib.md5(head + f.read()).hexdigest())
 out.append(md5({large!r}))
 print(' '.join(out))
