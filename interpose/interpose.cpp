@@ -664,9 +664,11 @@ ssize_t read_copying(FdEntry* e, int fd, void* buf, size_t n, off_t off, Pass<ss
       e->kind.store(kPfsPlain);
       break;
     }
-    if (st == kNone && !e->placed) {
+    // Ask once per descriptor: for a file nobody copies yet, and for a
+    // background copy, which then goes before the backlog (or resumes if paused).
+    if (!e->placed && (st == kNone || st == kQueued || st == kCopying)) {
       e->placed = true;
-      if (!send(m, Request::kPlace, e->file)) break;
+      if (!send(m, Request::kPlace, e->file) && st == kNone) break;
       last_change = now;
     }
     if (st != kNone && st != kQueued && st != kCopying) {

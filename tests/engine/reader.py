@@ -9,8 +9,9 @@ Modes (how each file is read):
   chunks    open() + read(64 KiB) until EOF    (buffered stream readers)
   mmap      mmap.mmap over the whole file       (numpy.memmap, DALI)
   pread     os.pread in 256 KiB chunks          (TensorFlow TFRecord)
-  threads   --threads threads, each os.pread 256 KiB chunks of its share of
-            every large file, all files interleaved
+  threads   one file at a time, read in 256 KiB preads by --threads threads
+  tfrecord  --threads threads each read whole files in 256 KiB preads
+            (TensorFlow's TFRecord pattern: several files interleaved)
   cat       the `cat` program, one process per file
   md5sum    the `md5sum` program on all files of a directory (fopen/fread)
   loader    torch DataLoader, 4 fork workers, DatasetFolder-like tree
@@ -74,39 +75,50 @@ def md5_cat(p):
 
 
 def epoch_threads(paths, nthreads):
-    """Several threads share each file's descriptor and read its chunks with
-    pread; files are interleaved across threads."""
+    """One file at a time, its 256 KiB chunks read with pread by several
+    threads sharing the descriptor (chunk i goes to thread i mod n)."""
     sums = {}
-    lock = threading.Lock()
-    jobs = []
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         size = os.fstat(fd).st_size
-        jobs.append((p, fd, size, [None] * ((size + CHUNK - 1) // CHUNK)))
-    work = [(j, k) for j in range(len(jobs)) for k in range(len(jobs[j][3]))]
-    random.shuffle(work)
-    it = iter(work)
+        parts = [None] * ((size + CHUNK - 1) // CHUNK)
+
+        def run(first):
+            for k in range(first, len(parts), nthreads):
+                parts[k] = os.pread(fd, CHUNK, k * CHUNK)
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(nthreads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        os.close(fd)
+        data = b"".join(parts)
+        assert len(data) == size, f"{p}: {len(data)} bytes read, {size} expected"
+        sums[p] = hashlib.md5(data).hexdigest()
+    return sums
+
+
+def epoch_tfrecord(paths, nthreads):
+    """The TensorFlow pattern: each thread takes the next file and reads it
+    sequentially in 256 KiB preads; several files are read at once."""
+    sums = {}
+    it = iter(paths)
+    lock = threading.Lock()
 
     def run():
         while True:
             with lock:
-                w = next(it, None)
-            if w is None:
+                p = next(it, None)
+            if p is None:
                 return
-            j, k = w
-            p, fd, size, parts = jobs[j]
-            parts[k] = os.pread(fd, CHUNK, k * CHUNK)
+            sums[p] = md5_pread(p)
 
     ts = [threading.Thread(target=run) for _ in range(nthreads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    for p, fd, size, parts in jobs:
-        os.close(fd)
-        data = b"".join(parts)
-        assert len(data) == size, f"{p}: {len(data)} bytes read, {size} expected"
-        sums[p] = hashlib.md5(data).hexdigest()
     return sums
 
 
@@ -161,8 +173,9 @@ def main():
         if a.mode in readers:
             sums = {p: readers[a.mode](p) for p in order}
         elif a.mode == "threads":
-            random.seed(a.seed * 1000 + e)
             sums = epoch_threads(order, a.threads)
+        elif a.mode == "tfrecord":
+            sums = epoch_tfrecord(order, a.threads)
         elif a.mode == "md5sum":
             out = subprocess.run(["md5sum"] + order, check=True, capture_output=True, text=True)
             sums = {l[34:]: l[:32] for l in out.stdout.splitlines()}

@@ -41,19 +41,18 @@ class Traffic(Case):
             self.assertEqual((d[e]["opens"], d[e]["reads"]), (0, 0), f"epoch {e + 1}")
         self.assertGreaterEqual(watch.max_bytes, self.size, "the whole dataset was cached")
 
-    def test_large_files_pread_threads(self):
-        # The TensorFlow pattern: 256 KiB preads from several threads, files interleaved.
+    def test_large_files_tfrecord_pattern(self):
+        # The TensorFlow pattern: 256 KiB preads, several files read at once.
         with Pfs(self.root) as pfs:
             t = tier(self)
             before = pfs.counts()
-            epochs, _ = read_dataset(pfs.dataset, "threads",
+            epochs, _ = read_dataset(pfs.dataset, "tfrecord",
                                      monarch=["--dataset", pfs.dataset, "--tier", t],
                                      counts=pfs.counts_file, extra=["--subdir", "records"])
         self.assertSameBytes(epochs, self.ref, "records/")
         d = epoch_deltas(before, epochs)
-        records = sum(os.path.getsize(os.path.join(self.root, "records", n))
-                      for n in os.listdir(os.path.join(self.root, "records")))
-        self.assertLessEqual(d[0]["bytes"], 1.02 * records)
+        # Stage-ahead copies the rest of the dataset too: each byte once.
+        self.assertLessEqual(sum(x["bytes"] for x in d), 1.02 * self.size)
         self.assertEqual([(x["opens"], x["reads"]) for x in d[1:]], [(0, 0), (0, 0)])
 
     def test_half_fits(self):
