@@ -29,6 +29,18 @@ std::string report_dir(const Config& config) {
   return work && work[0] == '/' ? work : "";
 }
 
+// The statistics' copy when monarch-report is missing: monarch-<key>.json.
+// The epilog of every node of a job writes into the same directory, so on a
+// job of several nodes the name carries the node's.
+std::string fallback_report_name(const std::string& key) {
+  const char* nodes = std::getenv("SLURM_JOB_NODELIST");
+  const char* node = std::getenv("SLURMD_NODENAME");
+  bool several = nodes && (std::strchr(nodes, ',') || std::strchr(nodes, '['));
+  if (several && node && *node && !std::strchr(node, '/'))
+    return "monarch-" + key + "-" + node + ".json";
+  return "monarch-" + key + ".json";
+}
+
 // As the user, never root: monarch-report when it is installed, else a copy
 // of the statistics. A directory the user cannot write stays unwritten.
 void write_report(const User& user, const std::string& key, const std::string& stats,
@@ -37,7 +49,7 @@ void write_report(const User& user, const std::string& key, const std::string& s
   if (access(MONARCH_REPORT, X_OK) == 0)
     argv = {MONARCH_REPORT, "--write", dir, stats};
   else
-    argv = {"/bin/cp", "--", stats, dir + "/monarch-" + key + ".json"};
+    argv = {"/bin/cp", "--", stats, dir + "/" + fallback_report_name(key)};
   std::string output;
   int rc = run_as_user(user, argv, user_environment(user), kReportTimeout, output);
   while (!output.empty() && output.back() == '\n') output.pop_back();

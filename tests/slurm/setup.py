@@ -1,0 +1,47 @@
+"""Fixture of the Slurm tests: installs the build (the tests use the
+INSTALLED Monarch, as a site would), makes the test users, the tiers and the
+data directories, and starts the one-node cluster with the test
+configuration. Usage: setup.py BUILD_DIR"""
+import os
+import shutil
+import subprocess
+import sys
+
+import slurmtest as st
+
+
+def unmount_under(*roots):
+    """Leftover mounts of an interrupted run (the cleanup test bind-mounts)."""
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1] for line in f]
+    for p in sorted(points, key=len, reverse=True):
+        if any(p == r or p.startswith(r + "/") for r in roots):
+            subprocess.run(["umount", "-l", p], check=False)
+
+
+def main():
+    st.skip_unless_possible()
+    build = sys.argv[1]
+    subprocess.run(["cmake", "--install", build], check=True, stdout=subprocess.DEVNULL)
+    for path in (st.STAGER, st.PLUGIN, st.LIBRARY):
+        if not os.path.exists(path):
+            sys.exit(f"setup: {path} is not installed")
+    for user in st.USERS:
+        st.ensure_user(user)
+    # Tiers as a site makes them: root-owned 0755 (see monarch-test.conf).
+    unmount_under(st.TIER_ROOT, st.ROOT)
+    shutil.rmtree(st.TIER_ROOT, ignore_errors=True)
+    for d in [st.TIER_ROOT] + st.TIERS:
+        os.mkdir(d, 0o755)
+        os.chmod(d, 0o755)
+    shutil.rmtree(st.WORK, ignore_errors=True)
+    for d in (st.ROOT, st.DATA, st.WORK):
+        os.makedirs(d, exist_ok=True)
+        os.chmod(d, 0o755)
+    os.chmod(st.CONFIG, 0o644)  # the stager reads it as the job's user
+    st.cluster("start", "--plugstack-args", st.DEFAULT_PLUGSTACK_ARGS)
+    print("setup: cluster ready with", st.DEFAULT_PLUGSTACK_ARGS)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""Shared pieces of the Slurm tests: a real one-node cluster
+(contrib/slurm/cluster) running the INSTALLED Monarch (plugin, stager,
+interposer), real users, real jobs. Standard library only; run as root with
+Debian's /usr/bin/python3.
+
+Layout on this machine (all made by setup.py):
+  /var/tmp/monarch-test-tier/{fast,slow}  the tiers of monarch-test.conf,
+                                          root-owned 0755 (see that file)
+  /var/tmp/monarch-slurm-test/data/NAME   datasets, standing for the PFS
+  /var/tmp/monarch-slurm-test/work/USER/  the jobs' working directories
+"""
+import contextlib
+import grp
+import hashlib
+import json
+import os
+import pwd
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+CLUSTER = os.path.join(SRC, "contrib", "slurm", "cluster")
+CONFIG = os.path.join(HERE, "monarch-test.conf")
+JOBS = os.path.join(HERE, "jobs")
+PREFIX = os.environ.get("MONARCH_PREFIX", "/usr/local")
+BINDIR = os.environ.get("MONARCH_BINDIR", os.path.join(PREFIX, "bin"))
+PKGLIBDIR = os.environ.get("MONARCH_PKGLIBDIR", os.path.join(PREFIX, "lib", "monarch"))
+STAGER = os.path.join(BINDIR, "monarch-stager")
+REPORT = os.path.join(BINDIR, "monarch-report")
+LIBRARY = os.path.join(PKGLIBDIR, "libmonarch_interpose.so")
+PLUGIN = os.path.join(PKGLIBDIR, "spank_monarch.so")
+TIER_ROOT = "/var/tmp/monarch-test-tier"
+TIERS = [os.path.join(TIER_ROOT, "fast"), os.path.join(TIER_ROOT, "slow")]
+ROOT = "/var/tmp/monarch-slurm-test"
+DATA = os.path.join(ROOT, "data")
+WORK = os.path.join(ROOT, "work")
+USERS = ("monarchtest", "monarchtest2")
+HOST = socket.gethostname().split(".")[0]
+SLURM_CONF = "/var/tmp/monarch-cluster/etc/slurm.conf"
+DEFAULT_PLUGSTACK_ARGS = "config=" + CONFIG
+SKIP = 77  # CTest SKIP_RETURN_CODE
+RUNUSER = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin") or "runuser"
+
+
+def skip_unless_possible():
+    """Exit with the skip code where these tests cannot run at all."""
+    if os.geteuid() != 0:
+        print("skipped: the Slurm tests run as root (daemons, users, mounts)")
+        sys.exit(SKIP)
+    for tool in ("slurmctld", "slurmd", "munged"):
+        if not shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin"):
+            print(f"skipped: {tool} is not installed (Debian: slurmctld slurmd munge)")
+            sys.exit(SKIP)
+
+
+# ---- users, datasets, directories ----
+
+def ensure_user(name):
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "-m", name], check=True)
+        return pwd.getpwnam(name)
+
+
+def make_dataset(name, seed=1, classes=4, per_class=8, large=2):
+    """A small image-folder-like dataset, world-readable: class folders of
+    4-96 KiB files and a few 700 KiB ones. Deterministic; made once."""
+    root = os.path.join(DATA, name)
+    done = root + ".done"
+    if os.path.exists(done):
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    rnd = random.Random(seed)
+    for c in range(classes):
+        d = os.path.join(root, f"class{c}")
+        os.makedirs(d)
+        for i in range(per_class):
+            with open(os.path.join(d, f"img{i:03d}.bin"), "wb") as f:
+                f.write(rnd.randbytes(rnd.randint(4 << 10, 96 << 10)))
+    for i in range(large):
+        with open(os.path.join(root, f"shard{i}.bin"), "wb") as f:
+            f.write(rnd.randbytes(700 << 10))
+    for d, dirs, files in os.walk(root):
+        os.chmod(d, 0o755)
+        for n in files:
+            os.chmod(os.path.join(d, n), 0o644)
+    os.chmod(DATA, 0o755)
+    open(done, "w").close()
+    return root
+
+
+def read(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def read_env(path):
+    """A task's recorded environment (see jobs/lib.sh) as a dict."""
+    return dict(line.split("=", 1) for line in read(path).splitlines())
+
+
+def dataset_files(root):
+    out = []
+    for d, _, names in os.walk(root):
+        out += [os.path.join(d, n) for n in names]
+    return sorted(out)
+
+
+def reference_md5(root):
+    """'md5  path' lines as md5sum prints them, read directly (no Monarch)."""
+    lines = []
+    for p in dataset_files(root):
+        with open(p, "rb") as f:
+            lines.append(f"{hashlib.md5(f.read()).hexdigest()}  {p}")
+    return "\n".join(lines) + "\n"
+
+
+def workdir(user, test):
+    """A fresh working directory for `test`, owned by `user`."""
+    pw = pwd.getpwnam(user)
+    base = os.path.join(WORK, user)
+    os.makedirs(base, exist_ok=True)
+    os.chmod(WORK, 0o755)
+    os.chown(base, pw.pw_uid, pw.pw_gid)
+    d = os.path.join(base, test)
+    shutil.rmtree(d, ignore_errors=True)
+    os.mkdir(d, 0o755)
+    os.chown(d, pw.pw_uid, pw.pw_gid)
+    return d
+
+
+def job_dirs(job):
+    """The job's directories that still exist, on any tier."""
+    return [p for p in (os.path.join(t, f"monarch-job{job}") for t in TIERS) if os.path.lexists(p)]
+
+
+# ---- running as a user ----
+
+def user_env(user, extra=None):
+    pw = pwd.getpwnam(user)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": pw.pw_dir, "USER": user,
+           "LOGNAME": user, "SLURM_CONF": SLURM_CONF, "LANG": "C.UTF-8"}
+    env.update(extra or {})
+    return env
+
+
+def run_as(user, argv, cwd=None, extra_env=None, timeout=60, check=False):
+    return subprocess.run([RUNUSER, "-u", user, "--"] + argv, cwd=cwd or "/",
+                          env=user_env(user, extra_env), capture_output=True, text=True,
+                          timeout=timeout, check=check)
+
+
+def sbatch(user, cwd, args, extra_env=None):
+    """Submits as `user`; returns the job id. args: sbatch options and script."""
+    r = run_as(user, ["sbatch", "--parsable"] + args, cwd=cwd, extra_env=extra_env)
+    if r.returncode != 0:
+        raise AssertionError(f"sbatch {args} failed: {r.stderr}")
+    return int(r.stdout.strip().split(";")[0])
+
+
+def job_script(name):
+    return os.path.join(JOBS, name)
+
+
+def squeue_has(job):
+    r = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%T"], capture_output=True,
+                       text=True)
+    return r.returncode == 0 and r.stdout.strip() != ""
+
+
+def job_state(job):
+    r = subprocess.run(["scontrol", "-o", "show", "job", str(job)], capture_output=True,
+                       text=True)
+    for word in r.stdout.split():
+        if word.startswith("JobState="):
+            return word.split("=", 1)[1]
+    return "UNKNOWN"
+
+
+def node_state():
+    r = subprocess.run(["sinfo", "-h", "-n", HOST, "-o", "%T"], capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def wait_for(predicate, timeout, what, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_job(job, timeout=90):
+    """Waits until the job has left the queue and the node has finished its
+    epilog; returns the final job state."""
+    wait_for(lambda: not squeue_has(job), timeout, f"job {job} to end")
+    wait_for(lambda: "comp" not in node_state(), 30, "the node to finish the epilog")
+    return job_state(job)
+
+
+def wait_running(job, timeout=30):
+    wait_for(lambda: job_state(job) == "RUNNING", timeout, f"job {job} to run")
+
+
+# ---- stagers ----
+
+def _status_ids(status, key):
+    for line in status.splitlines():
+        if line.startswith(key + ":"):
+            return [int(x) for x in line.split()[1:]]
+    return []
+
+
+def stagers(job=None):
+    """Live monarch-stager processes (of job `job` when given): pid, uids,
+    gids, groups, argv."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                status = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0") if a]
+            exe = os.readlink(f"/proc/{name}/exe")
+        except OSError:
+            continue
+        if "\nState:\tZ" in status or exe.replace(" (deleted)", "") != STAGER:
+            continue
+        if job is not None and f"job{job}" not in argv:
+            continue
+        out.append({"pid": int(name), "uids": _status_ids(status, "Uid"),
+                    "gids": _status_ids(status, "Gid"),
+                    "groups": _status_ids(status, "Groups"), "argv": argv})
+    return out
+
+
+class StagerWatch(threading.Thread):
+    """Samples the stagers of a job every 50 ms until stopped: how many ran at
+    once, at most, and with which ids."""
+
+    def __init__(self, job):
+        super().__init__(daemon=True)
+        self.job = job
+        self.max_count = 0
+        self.samples = 0
+        self.seen = {}  # pid -> the process as stagers() describes it
+        self._stop_event = threading.Event()
+
+    def run(self):
+        while not self._stop_event.is_set():
+            found = stagers(self.job)
+            self.samples += 1
+            self.max_count = max(self.max_count, len(found))
+            for s in found:
+                self.seen.setdefault(s["pid"], s)
+            time.sleep(0.05)
+
+    def stop(self):
+        self._stop_event.set()
+        self.join()
+
+
+# ---- cluster ----
+
+def cluster(*args, check=True):
+    r = subprocess.run([CLUSTER] + list(args), capture_output=True, text=True, timeout=180)
+    if check and r.returncode != 0:
+        raise AssertionError(f"cluster {' '.join(args)} failed: {r.stdout}{r.stderr}")
+    return r
+
+
+@contextlib.contextmanager
+def plugstack_args(args):
+    """Restarts the cluster with other plugstack arguments, and back."""
+    cluster("start", "--plugstack-args", args)
+    try:
+        yield
+    finally:
+        cluster("start", "--plugstack-args", DEFAULT_PLUGSTACK_ARGS)
+
+
+def slurmd_log():
+    with open("/var/tmp/monarch-cluster/log/slurmd.log", errors="replace") as f:
+        return f.read()
+
+
+# ---- reports ----
+
+def report_json(directory, job):
+    """The statistics in the job's report: monarch-report's JSON (the
+    statistics at its top level or under "stats"), or stats.json as the
+    plugin copies it when monarch-report is not installed."""
+    with open(os.path.join(directory, f"monarch-job{job}.json")) as f:
+        report = json.load(f)
+    return report if "totals" in report else report["stats"]
+
+
+def stager_counter(stats, name):
+    return stats["totals"]["stager"][name]
+
+
+class SlurmTest(unittest.TestCase):
+    """Base: checks the cluster is up and the node idle before each test."""
+
+    def setUp(self):
+        state = node_state()
+        if "drain" in state:
+            subprocess.run(["scontrol", "update", f"NodeName={HOST}", "State=RESUME"])
+        self.assertNotIn("drain", node_state(), "the node is drained before the test")
+
+    def assertNoLeftovers(self, job):
+        wait_for(lambda: not job_dirs(job), 15, f"the epilog to remove job {job}'s directories")
+        wait_for(lambda: not stagers(job), 15, f"job {job}'s stager to go")
+        state = node_state()
+        self.assertNotIn("drain", state, f"node drained after job {job}")
+
+
+def main():
+    skip_unless_possible()
+    unittest.main(verbosity=2)

@@ -1,0 +1,37 @@
+"""When the stager cannot start (here: the dataset is gone when the job
+starts), the job runs without Monarch: rank 0 of each step prints one line
+to the job's stderr, the tasks' environment is left as it was, and the
+epilog still cleans up."""
+import os
+import shutil
+import subprocess
+
+import slurmtest as st
+
+USER = "monarchtest"
+
+
+class Disabled(st.SlurmTest):
+    def test_stager_error_disables_the_job(self):
+        dataset = os.path.join(st.DATA, "vanishing")
+        shutil.rmtree(dataset, ignore_errors=True)
+        os.mkdir(dataset, 0o755)
+        work = st.workdir(USER, "disabled")
+        job = st.sbatch(USER, work, ["--hold", "-n2", f"--monarch-dataset={dataset}",
+                                     "--wrap", "srun -n2 true; env | grep -E '^(LD_PRELOAD|MONARCH)' > batch.env; true"])
+        os.rmdir(dataset)
+        subprocess.run(["scontrol", "release", str(job)], check=True)
+        self.assertEqual(st.wait_job(job), "COMPLETED")
+        out = st.read(os.path.join(work, f"slurm-{job}.out"))
+        lines = [l for l in out.splitlines() if l.startswith("monarch: disabled for this job: ")]
+        # The batch step and the srun step: one line each, from rank 0 only.
+        self.assertEqual(len(lines), 2, out)
+        for line in lines:
+            self.assertIn(dataset, line)
+            self.assertTrue(line.endswith("; reading from the PFS"), line)
+        self.assertEqual(st.read(os.path.join(work, "batch.env")), "")
+        self.assertNoLeftovers(job)
+
+
+if __name__ == "__main__":
+    st.main()
