@@ -103,6 +103,22 @@ class Job(st.SlurmTest):
         self.assertNoLeftovers(job)
         self.assertEqual(st.node_state(), "idle")
 
+    def test_example_job(self):
+        """contrib/slurm/example-job.sh, as the user would submit it."""
+        dataset = st.make_dataset("job")
+        work = st.workdir(USER, "example")
+        example = os.path.join(st.SRC, "contrib", "slurm", "example-job.sh")
+        job = st.sbatch(USER, work, [f"--monarch-dataset={dataset}", example])
+        self.assertEqual(st.wait_job(job), "COMPLETED")
+        out = st.read(os.path.join(work, f"slurm-{job}.out"))
+        size = sum(os.path.getsize(p) for p in st.dataset_files(dataset))
+        self.assertIn(f"epoch 3: {size} bytes", out)
+        sums = {line.split()[-2] for line in out.splitlines() if line.startswith("rank ")}
+        self.assertEqual(len(sums), 1, out)
+        stats = st.report_json(work, job)
+        self.assertGreater(sum(stats["totals"]["tier_bytes"]), 0)
+        self.assertNoLeftovers(job)
+
 
 if __name__ == "__main__":
     st.main()
