@@ -44,6 +44,9 @@ WORK = os.path.join(ROOT, "work")
 USERS = ("monarchtest", "monarchtest2")
 HOST = socket.gethostname().split(".")[0]
 SLURM_CONF = "/var/tmp/monarch-cluster/etc/slurm.conf"
+# The counting FUSE file system standing for the PFS: a test tool, from the build tree.
+PFSEMU = os.path.join(os.environ.get("MONARCH_BUILD", os.path.join(SRC, "build")),
+                      "contrib", "bench", "monarch-pfsemu")
 DEFAULT_PLUGSTACK_ARGS = "config=" + CONFIG
 SKIP = 77  # CTest SKIP_RETURN_CODE
 RUNUSER = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin") or "runuser"
@@ -140,6 +143,31 @@ def workdir(user, test):
 def job_dirs(job):
     """The job's directories that still exist, on any tier."""
     return [p for p in (os.path.join(t, f"monarch-job{job}") for t in TIERS) if os.path.lexists(p)]
+
+
+class Pfs:
+    """A counting FUSE mount of DATA at ROOT/pfs (contrib/bench/pfsemu),
+    readable by every user like a PFS: the dataset NAME is mount/NAME, the
+    bytes it served are in counts()."""
+
+    def __init__(self):
+        self.mount = os.path.join(ROOT, "pfs")
+        subprocess.run(["fusermount3", "-u", self.mount], capture_output=True)
+        os.makedirs(self.mount, exist_ok=True)
+        os.chmod(self.mount, 0o755)
+        subprocess.run([PFSEMU, "--source", DATA, "--mount", self.mount, "--latency-us", "0",
+                        "--open-latency-us", "0", "--bandwidth-mbs", "0", "--direct-io"],
+                       check=True)
+
+    def dataset(self, name):
+        return os.path.join(self.mount, name)
+
+    def counts(self):
+        with open(os.path.join(self.mount, ".pfsemu-counts")) as f:
+            return json.load(f)
+
+    def close(self):
+        subprocess.run(["fusermount3", "-u", self.mount], check=False)
 
 
 # ---- running as a user ----
