@@ -44,6 +44,7 @@ WORK = os.path.join(ROOT, "work")
 USERS = ("monarchtest", "monarchtest2")
 HOST = socket.gethostname().split(".")[0]
 SLURM_CONF = "/var/tmp/monarch-cluster/etc/slurm.conf"
+SLURMD_PID = "/var/tmp/monarch-cluster/run/slurmd.pid"
 # The counting FUSE file system standing for the PFS: a test tool, from the build tree.
 PFSEMU = os.path.join(os.environ.get("MONARCH_BUILD", os.path.join(SRC, "build")),
                       "contrib", "bench", "monarch-pfsemu")
@@ -251,7 +252,7 @@ def _status_ids(status, key):
 
 def stagers(job=None):
     """Live monarch-stager processes (of job `job` when given): pid, uids,
-    gids, groups, argv."""
+    gids, groups, argv, ppid, pgid, sid, and what fds 0-2 are."""
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -262,7 +263,10 @@ def stagers(job=None):
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 argv = [a.decode() for a in f.read().split(b"\0") if a]
             exe = os.readlink(f"/proc/{name}/exe")
-        except OSError:
+            with open(f"/proc/{name}/stat") as f:
+                ppid, pgid, sid = (int(x) for x in f.read().rsplit(")", 1)[1].split()[1:4])
+            stdio = [os.readlink(f"/proc/{name}/fd/{fd}") for fd in (0, 1, 2)]
+        except (OSError, ValueError):
             continue
         if "\nState:\tZ" in status or exe.replace(" (deleted)", "") != STAGER:
             continue
@@ -270,7 +274,8 @@ def stagers(job=None):
             continue
         out.append({"pid": int(name), "uids": _status_ids(status, "Uid"),
                     "gids": _status_ids(status, "Gid"),
-                    "groups": _status_ids(status, "Groups"), "argv": argv})
+                    "groups": _status_ids(status, "Groups"), "argv": argv,
+                    "ppid": ppid, "pgid": pgid, "sid": sid, "stdio": stdio})
     return out
 
 

@@ -90,6 +90,10 @@ class Job(st.SlurmTest):
         self.assertEqual(stager["gids"], [pw.pw_gid] * 4)
         self.assertEqual(sorted(stager["groups"]), groups)
         self.assertIn(dataset, stager["argv"])
+        # Detached: its own session, nobody's child, no terminal, no job output.
+        self.assertEqual(stager["stdio"], ["/dev/null"] * 3)
+        self.assertEqual(stager["sid"], stager["pgid"])
+        self.assertNotEqual(stager["sid"], os.getsid(int(st.read(st.SLURMD_PID))))
 
         # The report, the user's, from a stager that really copied.
         report = os.path.join(work, f"monarch-job{job}.json")
