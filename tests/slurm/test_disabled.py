@@ -32,6 +32,31 @@ class Disabled(st.SlurmTest):
         self.assertEqual(st.read(os.path.join(work, "batch.env")), "")
         self.assertNoLeftovers(job)
 
+    def test_start_timeout(self):
+        """A stager that does not answer within start_timeout is stopped,
+        and the step runs without Monarch, its inherited environment taken
+        back."""
+        config = os.path.join(st.ROOT, "monarch-timeout.conf")
+        with open(config, "w") as f:
+            f.write(st.read(st.CONFIG).replace("start_timeout = 20", "start_timeout = 2"))
+        os.chmod(config, 0o644)
+        dataset = st.make_dataset("job")
+        with st.plugstack_args(f"config={config}"):
+            work = st.workdir(USER, "timeout")
+            job = st.sbatch(USER, work, [f"--monarch-dataset={dataset}",
+                                         st.job_script("stuck.sh")],
+                            extra_env={"JOBS": st.JOBS})
+            self.assertEqual(st.wait_job(job), "COMPLETED")
+            out = st.read(os.path.join(work, f"slurm-{job}.out"))
+            lines = [l for l in out.splitlines() if l.startswith("monarch: disabled")]
+            self.assertEqual(lines, ["monarch: disabled for this job: the stager did not answer "
+                                     "within 2 s (start_timeout in the configuration); reading "
+                                     "from the PFS"], out)
+            self.assertEqual(st.read(os.path.join(work, "step.env")), "")
+            self.assertEqual(st.read(os.path.join(work, "step.stagers")), "",
+                             "the stager that did not answer still runs")
+            self.assertNoLeftovers(job)
+
 
 if __name__ == "__main__":
     st.main()
