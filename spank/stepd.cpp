@@ -54,9 +54,11 @@ void make_job_dir(const TierConfig& tier, const std::string& key, const User& us
       if (S_ISDIR(st.st_mode) && st.st_uid == user.uid) {
         if ((st.st_mode & 07777) != 0700) {
           int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-          if (fd < 0 || fchmod(fd, 0700) != 0)
-            throw std::runtime_error("cannot make " + dir + " private: " + errno_text());
-          close(fd);
+          bool ok = fd >= 0 && fchmod(fd, 0700) == 0;
+          int e = errno;
+          if (fd >= 0) close(fd);
+          if (!ok)
+            throw std::runtime_error("cannot make " + dir + " private: " + std::strerror(e));
         }
         return;
       }

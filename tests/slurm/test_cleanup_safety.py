@@ -5,6 +5,7 @@ root-owned directory onto a directory inside the job's directory. After the
 epilog every target is untouched, the mount is still there, and everything
 else of the job is gone."""
 import os
+import pwd
 import shutil
 import subprocess
 
@@ -76,6 +77,35 @@ class CleanupSafety(st.SlurmTest):
                 shutil.rmtree(job_dir, ignore_errors=True)
         self.assertTrue(intact(victim2))
         self.assertTrue(os.path.exists(os.path.join(work, f"monarch-job{job}.json")))
+
+    def test_foreign_job_dir_is_replaced(self):
+        """A monarch-job<ID> that is there before the job and not the user's
+        (another user's, holding a link to root's files) is removed safely
+        and replaced by the user's own."""
+        dataset = st.make_dataset("job")
+        victim = make_victim("victim-foreign")
+        other = pwd.getpwnam("monarchtest2")
+        work = st.workdir(USER, "foreign")
+        job = st.sbatch(USER, work, ["--hold", f"--monarch-dataset={dataset}",
+                                     st.job_script("env_only.sh")], extra_env={"JOBS": st.JOBS})
+        squatted = os.path.join(st.TIERS[0], f"monarch-job{job}")
+        os.mkdir(squatted, 0o755)
+        os.symlink(victim, os.path.join(squatted, "evil-dir"))
+        os.mkdir(os.path.join(squatted, "data"), 0o777)
+        for d in (squatted, os.path.join(squatted, "data")):
+            os.chown(d, other.pw_uid, other.pw_gid)
+        # On the second tier a symbolic link in place of the directory.
+        os.symlink(victim, os.path.join(st.TIERS[1], f"monarch-job{job}"))
+        subprocess.run(["scontrol", "release", str(job)], check=True)
+        self.assertEqual(st.wait_job(job), "COMPLETED")
+        out = st.read(os.path.join(work, f"slurm-{job}.out"))
+        self.assertNotIn("monarch: disabled", out)
+        self.assertIn("MONARCH_JOB_DIR=" + squatted, st.read(os.path.join(work, "batch.env")))
+        self.assertTrue(intact(victim), f"{victim} was changed")
+        self.assertIn(f"{squatted} was there and not the job user's", st.slurmd_log())
+        stats = st.report_json(work, job)
+        self.assertGreater(st.stager_counter(stats, "copies"), 0)
+        self.assertNoLeftovers(job)
 
 
 if __name__ == "__main__":
