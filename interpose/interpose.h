@@ -56,8 +56,15 @@ inline int on_fstat(int fd, struct stat64* st, Pass<int> pass) {
 }
 // Reentrancy: calls made while Monarch is already working in this thread go
 // straight to the real functions (our own opens, a logger's writes...).
-bool enter();
-void leave();
+extern __thread int t_depth __attribute__((tls_model("initial-exec")));
+inline bool enter() {
+  if (t_depth) return false;
+  t_depth = 1;
+  return true;
+}
+inline void leave() {
+  t_depth = 0;
+}
 
 }  // namespace monarch
 
@@ -65,9 +72,11 @@ void leave();
 namespace monarch::real {
 #define MONARCH_OPEN(name, params, args, dirfd) extern int (*name)(MONARCH_UNPAREN params, ...);
 #define MONARCH_WRAP(ret, name, params, args, handler) extern ret(*name) params;
+#define MONARCH_READ MONARCH_WRAP
 #define MONARCH_UNPAREN(...) __VA_ARGS__
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
+#undef MONARCH_READ
 void resolve();
 }  // namespace monarch::real

@@ -6,14 +6,17 @@
 
 #include <type_traits>
 
+#include "fdtable.h"
 #include "interpose.h"
 
 namespace monarch::real {
 #define MONARCH_OPEN(name, params, args, dirfd) int (*name)(MONARCH_UNPAREN params, ...) = nullptr;
 #define MONARCH_WRAP(ret, name, params, args, handler) ret(*name) params = nullptr;
+#define MONARCH_READ MONARCH_WRAP
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
+#undef MONARCH_READ
 
 namespace {
 // glibc >= 2.33 keeps the __xstat family only as compat symbols, which an
@@ -30,9 +33,11 @@ void resolve() {
   name = reinterpret_cast<decltype(name)>(find(#name));
 #define MONARCH_WRAP(ret, name, params, args, handler) \
   name = reinterpret_cast<decltype(name)>(find(#name));
+#define MONARCH_READ MONARCH_WRAP
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
+#undef MONARCH_READ
 }
 }  // namespace monarch::real
 
@@ -87,6 +92,22 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     using namespace monarch;                                                                 \
     return serve<ret>(monarch::real::name != nullptr, fn, [&]() -> ret { return handler; }); \
   }
+#define MONARCH_READ(ret, name, params, args, handler)                                           \
+  extern "C" MONARCH_EXPORT ret name params {                                                    \
+    if (__builtin_expect(!monarch::real::name, 0)) monarch::real::resolve();                     \
+    monarch::FdEntry* e = monarch::tracked(fd);                                                  \
+    if (!e || !monarch::real::name) return monarch::real::name args;                             \
+    if (e->kind.load(std::memory_order_relaxed) == monarch::kLocal && (++e->sample & 63) != 0) { \
+      ret r = monarch::real::name args;                                                          \
+      monarch::count_local(e, r);                                                                \
+      return r;                                                                                  \
+    }                                                                                            \
+    auto fn = [&]() -> ret { return monarch::real::name args; };                                 \
+    Pass<ret> pass(fn);                                                                          \
+    using namespace monarch;                                                                     \
+    return serve<ret>(true, fn, [&]() -> ret { return handler; });                               \
+  }
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
+#undef MONARCH_READ

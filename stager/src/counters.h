@@ -1,6 +1,8 @@
 // Counters kept by every process of a job (one ProcSlot each, in the job map)
-// and by the stager. One X-macro list generates the enum, the names written to
-// the statistics, and the meaning shown by monarch-report --explain.
+// and by the stager. The job's totals of reads and bytes are not counted
+// separately: Stats sums them from the three sources (tiers, memory, PFS). One X-macro list
+// generates the enum, the names written to the statistics, and the meaning shown by monarch-report
+// --explain.
 #pragma once
 
 namespace monarch {
@@ -8,8 +10,8 @@ namespace monarch {
 // X(name, count, meaning). Entries with count 4 are per node-local tier.
 #define MONARCH_PROCESS_COUNTERS(X)                                                           \
   X(opens, 1, "opens of dataset files by the job (what would reach the PFS without Monarch)") \
-  X(reads, 1, "read calls on dataset files")                                                  \
-  X(bytes, 1, "bytes those read calls returned")                                              \
+  X(reads, 1, "read calls on dataset files (the sum of the three sources below)")             \
+  X(bytes, 1, "bytes those read calls returned, mapped lengths included (the sum below)")     \
   X(tier_opens, 4, "opens answered from a node-local tier")                                   \
   X(tier_reads, 4, "read calls answered from a node-local tier")                              \
   X(tier_bytes, 4, "bytes answered from a node-local tier")                                   \
@@ -25,7 +27,7 @@ namespace monarch {
   X(handoffs, 1, "files read whole at open and handed to the stager")                         \
   X(handoff_bytes, 1, "bytes handed to the stager")                                           \
   X(pfs_read_ns, 1, "time the job's processes spent in reads of the PFS")                     \
-  X(local_sample_reads, 1, "local reads timed (one in 16)")                                   \
+  X(local_sample_reads, 1, "local reads timed (one in 64)")                                   \
   X(local_sample_bytes, 1, "bytes of the timed local reads")                                  \
   X(local_sample_ns, 1, "time spent in the timed local reads")                                \
   X(stat_index, 1, "stat calls answered from the index")                                      \

@@ -1,7 +1,8 @@
 // The job map: one file per job per node, written by the stager and mapped
 // MAP_SHARED by every process of the job. It holds the dataset's index (path,
 // size, times: enough to answer stat), the state of each file's copy, the
-// progress of copies under way, and one slot of counters per process.
+// progress of copies under way, and one slot of counters per thread that
+// touched the dataset (written by that thread only, summed by the stager).
 //
 // Contract: the stager creates the file complete under a temporary name and
 // renames it to <job dir>/index, so a process that opens it sees a finished
@@ -97,7 +98,7 @@ struct CopySlot {
 };
 
 struct alignas(64) ProcSlot {
-  std::atomic<int32_t> pid;
+  std::atomic<int32_t> pid;  // of the process the thread belongs to
   std::atomic<uint32_t> pad;
   std::atomic<uint64_t> c[kNumCounters];
 };
