@@ -154,6 +154,10 @@ struct Stager {
     sinks.push_back(std::make_shared<spdlog::sinks::stderr_sink_mt>());
     sinks[0]->set_level(std::max(level, spdlog::level::warn));
     try {
+      // Only a regular file: not a FIFO or a link left in the job directory.
+      struct stat st;
+      if (fstatat(tier_fds[0], kLogName, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode))
+        unlinkat(tier_fds[0], kLogName, 0);
       sinks.push_back(
           std::make_shared<spdlog::sinks::basic_file_sink_mt>(tier_dirs[0] + "/" + kLogName));
       sinks[1]->set_level(level);
@@ -205,6 +209,15 @@ struct Stager {
     if (lock < 0)
       throw StartError("cannot open " + tier_dirs[0] + "/" + kLockName + ": " + errno_text());
     if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
+      // One stager per job and node: it must serve the same dataset.
+      std::string other;
+      try {
+        other = open_index(tier_dirs[0] + "/" + kIndexName).map().header().root;
+      } catch (const std::runtime_error&) {  // still indexing: cannot tell yet
+      }
+      if (!other.empty() && other != root)
+        throw StartError("job " + opt.job + " already stages " + other +
+                         " on this node; a job stages one dataset");
       spdlog::info("a stager already runs for job {}", opt.job);
       tell(opt.ready_fd, "running");
       std::exit(0);
