@@ -305,8 +305,10 @@ StagerStart start_stager(const StagerLaunch& launch) {
   if (eof)
     return {StagerState::kFailed,
             "the stager exited at start-up without an answer (see its stager.log)"};
-  // No answer in time: stop the stager this call started, after checking
-  // through a pidfd that it is the user's stager.
+  // No answer in time: kill the stager this call started, after checking
+  // through a pidfd that it is the user's stager. SIGKILL, not SIGTERM: a
+  // stager stuck (stopped, or waiting on a dead file system) would keep a
+  // SIGTERM pending and its lock held, and no later step could start one.
   if (stager_pid > 0) {
     int fd = pidfd_open(stager_pid, 0);
     if (fd >= 0) {
@@ -314,7 +316,7 @@ StagerStart start_stager(const StagerLaunch& launch) {
       for (size_t i = 0; i + 1 < argv.size(); ++i)
         if (argv[i] == "--job") key = argv[i + 1];
       if (is_job_stager(stager_pid, launch.program, user.uid, key))
-        pidfd_send_signal(fd, SIGTERM, nullptr, 0);
+        pidfd_send_signal(fd, SIGKILL, nullptr, 0);
       close(fd);
     }
   }

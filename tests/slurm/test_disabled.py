@@ -40,7 +40,15 @@ class Disabled(st.SlurmTest):
         with open(config, "w") as f:
             f.write(st.read(st.CONFIG).replace("start_timeout = 20", "start_timeout = 2"))
         os.chmod(config, 0o644)
-        dataset = st.make_dataset("job")
+        # 100,000 files: indexing them takes a stager long enough (~0.2 s) for
+        # stuck.sh to stop it before it is ready.
+        dataset = os.path.join(st.DATA, "many-files")
+        if not os.path.exists(dataset + ".done"):
+            for c in range(100):
+                os.makedirs(os.path.join(dataset, f"c{c}"), 0o755, exist_ok=True)
+                for i in range(1000):
+                    open(os.path.join(dataset, f"c{c}", f"f{i}"), "w").close()
+            open(dataset + ".done", "w").close()
         with st.plugstack_args(f"config={config}"):
             work = st.workdir(USER, "timeout")
             job = st.sbatch(USER, work, [f"--monarch-dataset={dataset}",
