@@ -161,6 +161,7 @@ def main():
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--counts", help="emulated PFS counts file to snapshot after each epoch")
     ap.add_argument("--subdir", default="", help="read only this subdirectory of root")
+    ap.add_argument("--stat", action="store_true", help="os.stat each file before reading it")
     a = ap.parse_args()
     top = os.path.join(a.root, a.subdir) if a.subdir else a.root
     paths = files_of(top)
@@ -170,6 +171,9 @@ def main():
         rnd = random.Random(a.seed * 1000 + e)
         order = paths[:]
         rnd.shuffle(order)
+        if a.stat:
+            for p in order:
+                os.stat(p)
         if a.mode in readers:
             sums = {p: readers[a.mode](p) for p in order}
         elif a.mode == "threads":

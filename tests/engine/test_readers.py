@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Bytes identical, real readers: every common way a DL job reads files gives,
 through monarch-run for 3 shuffled epochs, the bytes of a direct read."""
+import json
 import os
 import subprocess
 import unittest
@@ -56,6 +57,23 @@ class Readers(Case):
         self.assertIn("err= 0", p.stdout)
         # A corrupted byte is what fio's verification would catch.
         self.assertNotIn("verify failed", p.stdout + p.stderr)
+
+    def test_stat_answers_equal_the_pfs(self):
+        names = sorted(self.ref)[::97]
+        script = ("import json, os, sys\n"
+                  "fields = ('st_mode', 'st_ino', 'st_dev', 'st_nlink', 'st_uid', 'st_gid',"
+                  " 'st_size', 'st_mtime_ns', 'st_ctime_ns', 'st_blocks', 'st_blksize')\n"
+                  "out = {}\n"
+                  "for n in sys.argv[2:]:\n"
+                  "    p = os.path.join(sys.argv[1], n)\n"
+                  "    with open(p, 'rb') as f:\n"
+                  "        s, l, fs = os.stat(p), os.lstat(p), os.fstat(f.fileno())\n"
+                  "    out[n] = [[getattr(x, k) for k in fields] for x in (s, l, fs)]\n"
+                  "print(json.dumps(out))\n")
+        args = [PY, "-c", script, self.root] + names
+        direct = json.loads(run(args).stdout)
+        through = json.loads(run(args, monarch=self.monarch()).stdout)
+        self.assertEqual(through, direct)
 
     def test_preload_keeps_users_entries(self):
         # The library is appended to LD_PRELOAD; the user's own entries stay first.

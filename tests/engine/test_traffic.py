@@ -17,28 +17,31 @@ class Traffic(Case):
         cls.ref = reference(cls.root)
         cls.size = dataset_bytes(cls.root)
 
-    def run_epochs(self, pfs, quota, mode="read", report=None):
+    def run_epochs(self, pfs, quota, mode="read", extra=()):
         t = tier(self)
         opts = ["--dataset", pfs.dataset, "--tier", f"{t}:{quota}", "--keep"]
-        if report:
-            opts += ["--report", report]
         watch = TierWatch(t)
         before = pfs.counts()
         try:
-            epochs, p = read_dataset(pfs.dataset, mode, monarch=opts, counts=pfs.counts_file)
+            epochs, p = read_dataset(pfs.dataset, mode, monarch=opts, counts=pfs.counts_file,
+                                     extra=extra)
         finally:
             watch.stop()
         self.assertSameBytes(epochs, self.ref)
         return epoch_deltas(before, epochs), watch, t
 
     def test_whole_dataset_fits(self):
+        # The reader also stats every file, as loaders that check sizes do.
         with Pfs(self.root) as pfs:
-            d, watch, _ = self.run_epochs(pfs, "100%")
+            d, watch, _ = self.run_epochs(pfs, "100%", extra=["--stat"])
         self.assertGreater(d[0]["opens"], 0, "epoch 1 read the PFS")
         self.assertLessEqual(d[0]["bytes"], 1.02 * self.size,
                              f"epoch 1 read {d[0]['bytes'] / self.size:.3f}x the dataset")
         for e in (1, 2):
             self.assertEqual((d[e]["opens"], d[e]["reads"]), (0, 0), f"epoch {e + 1}")
+            # No metadata either: stat comes from the index. Reading the
+            # counters file itself costs a lookup and a getattr or two.
+            self.assertLessEqual(d[e]["lookups"] + d[e]["getattrs"], 4, f"epoch {e + 1}")
         self.assertGreaterEqual(watch.max_bytes, self.size, "the whole dataset was cached")
 
     def test_large_files_tfrecord_pattern(self):
