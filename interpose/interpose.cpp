@@ -338,13 +338,17 @@ int open_whole(JobMap* m, uint32_t file, Pass<int> pass) {
   uint64_t got = 0;
   bool error = p == MAP_FAILED;
   uint64_t t0 = monotonic_ns();
-  while (!error && got < size + 1) {  // one byte more than indexed, to see a change
+  // One byte more than indexed, until the end of the file: a file that grew
+  // or shrank is seen, never served cut. Every read is counted, the last
+  // (empty) one too: the PFS served it.
+  while (!error && got < size + 1) {
     ssize_t r = real::pread(fd, static_cast<char*>(p) + got, size + 1 - got, off_t(got));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) error = true;
-    if (r <= 0) break;
+    if (r < 0) break;
     add(m, c_pfs_reads);
     add(m, c_pfs_bytes, r);
+    if (r == 0) break;
     got += r;
   }
   add(m, c_pfs_read_ns, monotonic_ns() - t0);

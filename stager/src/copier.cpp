@@ -327,7 +327,9 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
     if (n == 0) break;  // end of file; finish() checks the size
     job.done += n;
     slot.progress.store(job.done, std::memory_order_release);
-    if (job.done >= e.size && job.memfd >= 0) break;
+    // At the indexed size: no read to find the end of the file (a PFS round
+    // trip per file); finish() checks the PFS file still has that size.
+    if (job.done >= e.size) break;
     if (!job.urgent && !boost_[job.slot]) {
       std::lock_guard lock(mu_);
       if (!urgent_.empty()) {
