@@ -19,9 +19,7 @@
 namespace monarch {
 namespace pt = boost::property_tree;
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 // The value of "stats" in a report is written last, so it runs to the final brace.
 std::string stats_of(const std::string& json) {
@@ -53,7 +51,9 @@ pt::ptree parse(const std::string& json) {
   return t;
 }
 
-double num(const pt::ptree& t, const std::string& key) { return t.get<double>(key, 0); }
+double num(const pt::ptree& t, const std::string& key) {
+  return t.get<double>(key, 0);
+}
 
 double sum(const pt::ptree& t, const std::string& key) {
   auto c = t.get_child_optional(key);
@@ -84,8 +84,12 @@ std::string fmt(const char* f, double v) {
 std::string pct(double part, double whole) {
   return whole > 0 ? fmt("%.1f%%", 100 * part / whole) : "-";
 }
-std::string rate(double bytes_per_s) { return human_bytes(bytes_per_s) + "/s"; }
-std::string count(double v) { return fmt("%.0f", v); }
+std::string rate(double bytes_per_s) {
+  return human_bytes(bytes_per_s) + "/s";
+}
+std::string count(double v) {
+  return fmt("%.0f", v);
+}
 
 // Plain words for every fallback and limit the counters show.
 std::vector<std::string> fallbacks(const pt::ptree& t, const Figures& f) {
@@ -95,8 +99,9 @@ std::vector<std::string> fallbacks(const pt::ptree& t, const Figures& f) {
     if (n > 0) out.push_back(count(n) + " " + text);
   };
   if (!f.complete)
-    out.push_back("the statistics are incomplete: the stager did not stop normally (killed?); "
-                  "they end at its last flush");
+    out.push_back(
+        "the statistics are incomplete: the stager did not stop normally (killed?); "
+        "they end at its last flush");
   add(num(c, "fb_no_stager"), "times a process found no stager running and read from the PFS");
   add(num(c, "fb_stale"), "opens found the PFS file changed since indexing: read from the PFS");
   add(num(c, "fb_wait"), "reads did not wait for a copy that made no progress: read from the PFS");
@@ -124,8 +129,10 @@ Verdict verdict(const pt::ptree& t, const Figures& f) {
   if (ls_ns > 0) v.B1 = num(c, "local_sample_bytes") / ls_ns * 1e9;
   double copy_bytes = num(c, "stager.pfs_bytes"), copy_ns = num(c, "stager.pfs_read_ns");
   unsigned threads = t.get<unsigned>("settings.copy_threads", 1);
-  if (copy_bytes > 0 && f.fill_seconds > 0) v.B2 = copy_bytes / f.fill_seconds;
-  else if (copy_ns > 0) v.B2 = copy_bytes / (copy_ns / 1e9 / std::max(1u, threads));
+  if (copy_bytes > 0 && f.fill_seconds > 0)
+    v.B2 = copy_bytes / f.fill_seconds;
+  else if (copy_ns > 0)
+    v.B2 = copy_bytes / (copy_ns / 1e9 / std::max(1u, threads));
   std::vector<double> cached_rates;
   for (const EpochFigures& e : f.epochs)
     if (e.complete && e.seconds > 0 && e.traffic.hit() >= 0.99)
@@ -136,8 +143,9 @@ Verdict verdict(const pt::ptree& t, const Figures& f) {
   }
   if (v.C <= 0) {
     v.bound = "undecided";
-    v.reason = "no complete epoch was read from node-local tiers, so the job's own rate is "
-               "unknown: run at least two epochs with tiers that hold the dataset";
+    v.reason =
+        "no complete epoch was read from node-local tiers, so the job's own rate is "
+        "unknown: run at least two epochs with tiers that hold the dataset";
     return v;
   }
   if (v.B2 <= 0) {
@@ -155,8 +163,9 @@ Verdict verdict(const pt::ptree& t, const Figures& f) {
                " (B1): the job consumes data about as fast as the local tier gives it";
   } else if (v.h + 0.01 >= v.h_needed) {
     v.bound = "compute";
-    v.reason = rates + ": with " + pct(v.h, 1) + " of the dataset cached (needed: " +
-               pct(v.h_needed, 1) + "), I/O keeps up and the job is bound by its computation";
+    v.reason = rates + ": with " + pct(v.h, 1) +
+               " of the dataset cached (needed: " + pct(v.h_needed, 1) +
+               "), I/O keeps up and the job is bound by its computation";
   } else {
     v.bound = "pfs";
     v.reason = rates + ": only " + pct(v.h, 1) + " of the dataset is cached, " +
@@ -266,8 +275,8 @@ std::string report_json(const std::string& json) {
   o.precision(15);
   o << "{\"schema\":" << json_string(kReportSchema) << ",\"job\":" << json_string(f.job)
     << ",\"host\":" << json_string(f.host) << ",\"user\":" << json_string(f.user)
-    << ",\"dataset\":" << json_string(f.dataset) << ",\"complete\":"
-    << (f.complete ? "true" : "false") << ",\"elapsed_s\":" << f.elapsed_s
+    << ",\"dataset\":" << json_string(f.dataset)
+    << ",\"complete\":" << (f.complete ? "true" : "false") << ",\"elapsed_s\":" << f.elapsed_s
     << ",\"dataset_files\":" << f.files << ",\"dataset_bytes\":" << f.dataset_bytes
     << ",\"cached\":{\"files\":" << f.cached_files << ",\"bytes\":" << f.cached_bytes
     << ",\"fraction\":" << (f.dataset_bytes > 0 ? f.cached_bytes / f.dataset_bytes : 0)
@@ -286,10 +295,11 @@ std::string report_json(const std::string& json) {
   for (size_t i = 0; i < f.fallbacks.size(); ++i)
     o << (i ? "," : "") << json_string(f.fallbacks[i]);
   const Verdict& v = f.verdict;
-  o << "],\"verdict\":{\"bound\":" << json_string(v.bound) << ",\"reason\":"
-    << json_string(v.reason) << ",\"S\":" << v.S << ",\"h\":" << v.h << ",\"B1\":" << v.B1
-    << ",\"B2\":" << v.B2 << ",\"C\":" << v.C << ",\"h_needed\":" << v.h_needed
-    << ",\"capacity_needed\":" << v.capacity_needed << ",\"quota\":" << v.quota << "}";
+  o << "],\"verdict\":{\"bound\":" << json_string(v.bound)
+    << ",\"reason\":" << json_string(v.reason) << ",\"S\":" << v.S << ",\"h\":" << v.h
+    << ",\"B1\":" << v.B1 << ",\"B2\":" << v.B2 << ",\"C\":" << v.C
+    << ",\"h_needed\":" << v.h_needed << ",\"capacity_needed\":" << v.capacity_needed
+    << ",\"quota\":" << v.quota << "}";
   std::string stats = stats_of(json);
   while (!stats.empty() && std::isspace(static_cast<unsigned char>(stats.back()))) stats.pop_back();
   o << ",\"stats\":" << stats << "}\n";  // last: stats_of() finds it there

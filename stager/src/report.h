@@ -37,9 +37,9 @@ struct EpochFigures {
 // consumes data when everything is local (a fully cached epoch).
 struct Verdict {
   double S = 0, h = 0;
-  double B1 = 0;  // local read rate of one reader: timed local reads (bytes/s)
-  double B2 = 0;  // PFS read rate: the stager's copies, bytes over the fill time (bytes/s)
-  double C = 0;   // consumption rate in fully cached epochs (bytes/s), 0 if none
+  double B1 = 0;        // local read rate of one reader: timed local reads (bytes/s)
+  double B2 = 0;        // PFS read rate: the stager's copies, bytes over the fill time (bytes/s)
+  double C = 0;         // consumption rate in fully cached epochs (bytes/s), 0 if none
   double h_needed = 0;  // 1 - B2/C: the cached fraction that makes the PFS no bottleneck
   double capacity_needed = 0, quota = 0;
   std::string bound;   // "compute", "pfs", "local tier", or "undecided"

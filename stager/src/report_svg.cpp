@@ -54,11 +54,16 @@ double tick_step(double max, int n) {
 std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else if (c == '"')
+      o += "&quot;";
+    else
+      o += c;
   }
   return o;
 }
@@ -109,8 +114,9 @@ std::string report_svg(const std::string& json) {
     << "<text x=\"" << kLeft << "\" y=\"28\" font-size=\"17\" font-weight=\"bold\">Monarch: job "
     << esc(fig.job) << (fig.complete ? "" : " (incomplete statistics)") << "</text>\n"
     << "<text x=\"" << kLeft << "\" y=\"48\" fill=\"#444\">dataset " << esc(fig.dataset) << " — "
-    << human_bytes(fig.dataset_bytes) << " in " << uint64_t(fig.files) << " files; " << f1(100 * fig.total.hit()) << "% read from node-local tiers; verdict: "
-    << esc(fig.verdict.bound) << "</text>\n";
+    << human_bytes(fig.dataset_bytes) << " in " << uint64_t(fig.files) << " files; "
+    << f1(100 * fig.total.hit())
+    << "% read from node-local tiers; verdict: " << esc(fig.verdict.bound) << "</text>\n";
 
   // Grid and axes.
   for (double y = 0; y <= ytop + 1e-9; y += ystep)
@@ -148,8 +154,9 @@ std::string report_svg(const std::string& json) {
       pts << X((i + 1) * interval) << "," << Y(base[i]) << " " << X(i * interval) << ","
           << Y(base[i]) << " ";
     for (size_t i = 0; i < n; ++i) base[i] += i < s.v.size() ? s.v[i] : 0;
-    if (n) o << "<polygon points=\"" << pts.str() << "\" fill=\"" << color
-             << "\" fill-opacity=\"0.85\"/>\n";
+    if (n)
+      o << "<polygon points=\"" << pts.str() << "\" fill=\"" << color
+        << "\" fill-opacity=\"0.85\"/>\n";
     legend.push_back({color, s.kind == "pfs" ? "from the PFS" : "from tier " + s.name});
   }
   for (const Series& s : served) {
@@ -186,8 +193,8 @@ std::string report_svg(const std::string& json) {
     << kPlotH << "\" fill=\"none\" stroke=\"#333\"/>\n";
   if (n == 0)
     o << "<text x=\"" << kLeft + kPlotW / 2 << "\" y=\"" << kTop + kPlotH / 2
-      << "\" text-anchor=\"middle\" fill=\"#888\">no samples: the job ran less than "
-      << interval << " s</text>\n";
+      << "\" text-anchor=\"middle\" fill=\"#888\">no samples: the job ran less than " << interval
+      << " s</text>\n";
   double lx = kLeft;
   for (const auto& [color, label] : legend) {
     o << "<rect x=\"" << lx << "\" y=\"" << kH - 24 << "\" width=\"14\" height=\"10\" fill=\""
