@@ -1,5 +1,6 @@
 // The copy engine of the stager: one queue for the whole node, readers'
-// requests first, then files paused for them, then the stage-ahead backlog.
+// requests first, then files paused for them, then the stage-ahead backlog
+// (smallest files first).
 //
 // A copy is written to <tier job dir>/tmp/<generation>-<id> in large
 // sequential blocks, publishing its progress so that readers can use the part
@@ -92,6 +93,7 @@ class Copier {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> urgent_, paused_;
+  std::vector<uint32_t> backlog_;  // stage-ahead order: file ids by size
   uint64_t backlog_next_ = 0;
   bool rescan_ = false;
   std::atomic<bool> stopping_{false};
