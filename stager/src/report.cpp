@@ -1,79 +1,43 @@
+// Parsing the statistics and deriving the report's figures: traffic avoided,
+// fallbacks in words, the roofline verdict (defined in report.h).
 #include "report.h"
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <boost/property_tree/json_parser.hpp>
 #include <boost/property_tree/ptree.hpp>
 
 #include <algorithm>
-#include <cerrno>
-#include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <sstream>
 
 #include "config.h"
+#include "counters.h"
+#include "report_internal.h"
 #include "stats.h"
 
 namespace monarch {
 namespace pt = boost::property_tree;
 
-namespace {}  // namespace
+namespace report_internal {
 
-// The value of "stats" in a report is written last, so it runs to the final brace.
-std::string stats_of(const std::string& json) {
-  if (json.find(std::string("\"schema\":\"") + kReportSchema + "\"") == std::string::npos)
-    return json;
-  size_t at = json.find("\"stats\":");
-  size_t end = json.find_last_of('}');
-  if (at == std::string::npos || end == std::string::npos || end <= at)
-    throw ReportError("a report without its statistics");
-  return json.substr(at + 8, end - at - 8);
+const CounterInfo kProcessCounters[] = {
+#define MONARCH_REPORT_PROCESS(name, n, meaning) {c_##name, #name, n, meaning},
+    MONARCH_PROCESS_COUNTERS(MONARCH_REPORT_PROCESS)
+#undef MONARCH_REPORT_PROCESS
+};
+const CounterInfo kStagerCounters[] = {
+#define MONARCH_REPORT_STAGER(name, meaning) {s_##name, #name, 1, meaning},
+    MONARCH_STAGER_COUNTERS(MONARCH_REPORT_STAGER)
+#undef MONARCH_REPORT_STAGER
+};
+const size_t kNumProcessCounters = std::size(kProcessCounters);
+
+std::string pkey(int id) {
+  for (const CounterInfo& c : kProcessCounters)
+    if (c.id == id) return c.name;
+  return "";
 }
-
-namespace {
-
-pt::ptree parse(const std::string& json) {
-  pt::ptree t;
-  try {
-    std::istringstream in(stats_of(json));
-    pt::read_json(in, t);
-  } catch (const pt::json_parser_error& e) {
-    throw ReportError("not valid JSON (" + e.message() + " at line " + std::to_string(e.line()) +
-                      "): truncated, or not Monarch's");
-  }
-  if (t.get<std::string>("schema", "") != kStatsSchema)
-    throw ReportError(std::string("not Monarch statistics (no \"schema\": \"") + kStatsSchema +
-                      "\")");
-  if (!t.get_child_optional("totals") || !t.get_child_optional("index"))
-    throw ReportError("Monarch statistics without totals or index: truncated");
-  return t;
-}
-
-double num(const pt::ptree& t, const std::string& key) {
-  return t.get<double>(key, 0);
-}
-
-double sum(const pt::ptree& t, const std::string& key) {
-  auto c = t.get_child_optional(key);
-  if (!c) return 0;
-  if (c->empty()) return c->get_value<double>(0);
-  double s = 0;
-  for (auto& kv : *c) s += kv.second.get_value<double>(0);
-  return s;
-}
-
-Traffic traffic(const pt::ptree& c) {
-  Traffic t;
-  t.opens = num(c, "opens");
-  t.reads = num(c, "reads");
-  t.bytes = num(c, "bytes");
-  t.pfs_opens = num(c, "pfs_opens") + num(c, "stager.pfs_opens");
-  t.pfs_reads = num(c, "pfs_reads") + num(c, "stager.pfs_reads");
-  t.pfs_bytes = num(c, "pfs_bytes") + num(c, "stager.pfs_bytes");
-  t.local_bytes = sum(c, "tier_bytes");
-  return t;
+std::string skey(int id) {
+  return std::string("stager.") + kStagerCounters[id].name;
 }
 
 std::string fmt(const char* f, double v) {
@@ -85,111 +49,310 @@ std::string pct(double part, double whole) {
   return whole > 0 ? fmt("%.1f%%", 100 * part / whole) : "-";
 }
 std::string rate(double bytes_per_s) {
-  return human_bytes(bytes_per_s) + "/s";
+  return bytes_per_s > 0 ? human_bytes(bytes_per_s) + "/s" : "unknown";
 }
 std::string count(double v) {
   return fmt("%.0f", v);
 }
 
-// Plain words for every fallback and limit the counters show.
-std::vector<std::string> fallbacks(const pt::ptree& t, const Figures& f) {
-  std::vector<std::string> out;
-  const pt::ptree& c = t.get_child("totals");
-  auto add = [&](double n, const std::string& text) {
-    if (n > 0) out.push_back(count(n) + " " + text);
+// Where a JSON value that starts at s[i] ends. The text already parsed, so
+// only strings need care.
+size_t skip_value(const std::string& s, size_t i) {
+  int depth = 0;
+  for (; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '"') {
+      for (++i; i < s.size() && s[i] != '"'; ++i)
+        if (s[i] == '\\') ++i;
+      if (depth == 0) return i + 1;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth <= 0) return i + (depth == 0 ? 1 : 0);
+    } else if (depth == 0 && (c == ',' || std::isspace(static_cast<unsigned char>(c)))) {
+      return i;
+    }
+  }
+  return i;
+}
+
+// The text of the top-level member `key` of the JSON object in `s`, "" if none.
+std::string member_text(const std::string& s, const std::string& key) {
+  auto ws = [&](size_t i) {
+    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+    return i;
   };
-  if (!f.complete)
-    out.push_back(
-        "the statistics are incomplete: the stager did not stop normally (killed?); "
-        "they end at its last flush");
-  add(num(c, "fb_no_stager"), "times a process found no stager running and read from the PFS");
-  add(num(c, "fb_stale"), "opens found the PFS file changed since indexing: read from the PFS");
-  add(num(c, "fb_wait"), "reads did not wait for a copy that made no progress: read from the PFS");
-  add(num(c, "fb_error"), "local copies could not be opened: read from the PFS");
-  std::string full;
+  size_t i = ws(0);
+  if (i >= s.size() || s[i] != '{') return "";
+  for (i = ws(i + 1); i < s.size() && s[i] == '"';) {
+    size_t end = skip_value(s, i);
+    bool match = s.compare(i + 1, end - i - 2, key) == 0 && end - i - 2 == key.size();
+    i = ws(end);
+    if (i >= s.size() || s[i] != ':') return "";
+    size_t v = ws(i + 1), vend = skip_value(s, v);
+    if (match) return s.substr(v, vend - v);
+    i = ws(vend);
+    if (i < s.size() && s[i] == ',') i = ws(i + 1);
+  }
+  return "";
+}
+
+Parsed parse(const std::string& json) {
+  if (json.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw ReportError("not valid JSON: the file is empty");
+  Parsed p;
+  pt::ptree doc;
+  try {
+    std::istringstream in(json);
+    pt::read_json(in, doc);
+  } catch (const pt::json_parser_error& e) {
+    throw ReportError("not valid JSON (" + e.message() + " at line " + std::to_string(e.line()) +
+                      "): truncated, or not Monarch's");
+  }
+  std::string schema = doc.get<std::string>("schema", "");
+  if (schema == kReportSchema) {
+    auto stats = doc.get_child_optional("stats");
+    p.raw = member_text(json, "stats");
+    if (!stats || p.raw.empty()) throw ReportError("a Monarch report without its statistics");
+    p.stats = *stats;
+    schema = p.stats.get<std::string>("schema", "");
+  } else {
+    p.stats = std::move(doc);
+    p.raw = json;
+  }
+  if (schema != kStatsSchema) {
+    bool ours = schema.rfind("monarch-stats/", 0) == 0 || schema.rfind("monarch-report/", 0) == 0;
+    if (ours)
+      throw ReportError("schema \"" + schema + "\" is from another version of Monarch; this " +
+                        "monarch-report reads " + kStatsSchema + " and " + kReportSchema);
+    throw ReportError(std::string("not Monarch statistics (no \"schema\": \"") + kStatsSchema +
+                      "\")");
+  }
+  if (!p.stats.get_child_optional("totals") || !p.stats.get_child_optional("index"))
+    throw ReportError("Monarch statistics without totals or index: truncated");
+  while (!p.raw.empty() && std::isspace(static_cast<unsigned char>(p.raw.back()))) p.raw.pop_back();
+  return p;
+}
+
+}  // namespace report_internal
+
+using namespace report_internal;
+
+namespace {
+
+double num(const pt::ptree& t, const std::string& key) {
+  return t.get<double>(key, 0);
+}
+
+// A counter that is one number, or one per tier (summed).
+double sum(const pt::ptree& t, const std::string& key) {
+  auto c = t.get_child_optional(key);
+  if (!c) return 0;
+  if (c->empty()) return c->get_value<double>(0);
+  double s = 0;
+  for (auto& kv : *c) s += kv.second.get_value<double>(0);
+  return s;
+}
+
+Traffic traffic(const pt::ptree& c) {
+  Traffic t;
+  t.opens = num(c, pkey(c_opens));
+  t.reads = num(c, pkey(c_reads));
+  t.bytes = num(c, pkey(c_bytes));
+  t.job_pfs_opens = num(c, pkey(c_pfs_opens));
+  t.job_pfs_reads = num(c, pkey(c_pfs_reads));
+  t.job_pfs_bytes = num(c, pkey(c_pfs_bytes));
+  t.job_pfs_read_ns = num(c, pkey(c_pfs_read_ns));
+  t.stager_pfs_bytes = num(c, skey(s_pfs_bytes));
+  t.pfs_opens = t.job_pfs_opens + num(c, skey(s_pfs_opens));
+  t.pfs_reads = t.job_pfs_reads + num(c, skey(s_pfs_reads));
+  t.pfs_bytes = t.job_pfs_bytes + t.stager_pfs_bytes;
+  t.stager_copied = t.stager_pfs_bytes + num(c, skey(s_handoff_bytes));
+  t.local_reads = sum(c, pkey(c_tier_reads));
+  t.local_bytes = sum(c, pkey(c_tier_bytes));
+  return t;
+}
+
+// Plain words for the counters that mean "read from the PFS after all" or
+// "could not cache": each counter's own sentence, else its meaning from
+// counters.h (so a new fb_* counter is never silently left out).
+std::vector<Fallback> fallbacks(const pt::ptree& t, const Figures& f) {
+  std::vector<Fallback> out;
+  const pt::ptree& c = t.get_child("totals");
+  auto add = [&](const std::string& key, double n, const std::string& text) {
+    if (n > 0) out.push_back({key, n, count(n) + " " + text});
+  };
+  for (size_t i = 0; i < kNumProcessCounters; ++i) {
+    const CounterInfo& k = kProcessCounters[i];
+    if (std::string(k.name).rfind("fb_", 0) != 0) continue;
+    std::string text =
+        k.id == c_fb_no_stager ? "times a process found no stager running and read from the PFS"
+        : k.id == c_fb_stale ? "opens found the PFS file changed since indexing: read from the PFS"
+        : k.id == c_fb_wait
+            ? "reads did not wait for a copy that made no progress: read from the PFS"
+        : k.id == c_fb_error ? "local copies could not be opened or read: read from the PFS"
+                             : k.meaning;
+    add(k.name, num(c, k.name), text);
+  }
+  std::string tiers;
   for (const Figures::Tier& tier : f.tiers)
-    full += (full.empty() ? "" : ", ") + tier.name + " " + human_bytes(tier.used) + " of " +
-            human_bytes(tier.quota) + (tier.full ? " (file system full)" : "");
-  add(num(c, "stager.noroom"), "files did not fit on any tier (" + full + ")");
-  add(num(c, "stager.copy_errors"), "copies failed with an I/O error: read from the PFS");
-  add(num(c, "stager.stale"), "files had changed on the PFS: not copied, or their copy dropped");
-  add(num(c, "stager.tier_full"),
-      "times a tier's file system ran out of space (another job may have filled it)");
-  add(num(c, "stager.discarded"), "copies from an earlier stager no longer matched the PFS");
+    tiers += (tiers.empty() ? "" : ", ") + tier.name + " " + human_bytes(tier.used) + " of " +
+             human_bytes(tier.quota) + (tier.full ? ", its file system full" : "");
+  add(skey(s_noroom), num(c, skey(s_noroom)),
+      "files did not fit on any tier (" + tiers + "): read from the PFS in every epoch");
+  add(skey(s_copy_errors), num(c, skey(s_copy_errors)),
+      "copies failed with an I/O error: read from the PFS");
+  add(skey(s_stale), num(c, skey(s_stale)),
+      "files had changed on the PFS since indexing: not copied, or their copy dropped");
+  add(skey(s_tier_full), num(c, skey(s_tier_full)),
+      "times a tier's file system ran out of space before its quota (another job may have "
+      "filled it)");
+  add(skey(s_discarded), num(c, skey(s_discarded)),
+      "copies left by an earlier stager of this job no longer matched the PFS: copied again");
+  add("index.skipped", num(t, "index.skipped"),
+      "dataset entries are not regular files (links, devices, sockets, FIFOs): always read "
+      "from the PFS");
+  add("index.unreadable_dirs", num(t, "index.unreadable_dirs"),
+      "dataset directories could not be listed: their files are not cached");
   return out;
+}
+
+// B2 and its source, as report.h defines them.
+void pfs_rate(const pt::ptree& t, const Figures& f, Verdict& v) {
+  const Traffic& x = f.total;
+  double read_ns = num(t, "totals." + skey(s_pfs_read_ns));
+  double threads = std::max(1.0, num(t, "settings.copy_threads"));
+  if (t.get<bool>("settings.stage_ahead", true) && f.fill_seconds > 0 && x.stager_copied > 0) {
+    v.B2 = x.stager_copied / f.fill_seconds;
+    v.B2_source = "fill";
+  } else if (x.stager_pfs_bytes > 0 && read_ns > 0) {
+    v.B2 = x.stager_pfs_bytes / (read_ns / 1e9 / threads);
+    v.B2_source = "stager reads";
+  } else if (x.job_pfs_bytes > 0 && x.job_pfs_read_ns > 0) {
+    v.B2 = x.job_pfs_bytes / (x.job_pfs_read_ns / 1e9);
+    v.B2_source = "job reads";
+  }
+}
+
+std::string b2_words(const Verdict& v) {
+  std::string how = v.B2_source == "fill" ? "bytes cached from the PFS over the fill time"
+                    : v.B2_source == "stager reads"
+                        ? "the stager's reads, its threads assumed busy together: an upper bound"
+                        : "the job's own PFS reads, one reader's rate: a lower bound";
+  return "the PFS delivered " + rate(v.B2) + " (B2, " + how + ")";
 }
 
 Verdict verdict(const pt::ptree& t, const Figures& f) {
   Verdict v;
   const pt::ptree& c = t.get_child("totals");
   v.S = f.dataset_bytes;
-  v.h = v.S > 0 ? f.cached_bytes / v.S : 0;
+  v.h = v.S > 0 ? std::min(1.0, f.cached_bytes / v.S) : 0;
   for (const Figures::Tier& tier : f.tiers) v.quota += tier.quota;
-  double ls_ns = num(c, "local_sample_ns");
-  if (ls_ns > 0) v.B1 = num(c, "local_sample_bytes") / ls_ns * 1e9;
-  double copy_bytes = num(c, "stager.pfs_bytes"), copy_ns = num(c, "stager.pfs_read_ns");
-  unsigned threads = t.get<unsigned>("settings.copy_threads", 1);
-  if (copy_bytes > 0 && f.fill_seconds > 0)
-    v.B2 = copy_bytes / f.fill_seconds;
-  else if (copy_ns > 0)
-    v.B2 = copy_bytes / (copy_ns / 1e9 / std::max(1u, threads));
-  std::vector<double> cached_rates;
-  for (const EpochFigures& e : f.epochs)
-    if (e.complete && e.seconds > 0 && e.traffic.hit() >= 0.99)
-      cached_rates.push_back(e.traffic.bytes / e.seconds);
-  if (!cached_rates.empty()) {
-    std::sort(cached_rates.begin(), cached_rates.end());
-    v.C = cached_rates[cached_rates.size() / 2];
-  }
-  if (v.C <= 0) {
-    v.bound = "undecided";
-    v.reason =
-        "no complete epoch was read from node-local tiers, so the job's own rate is "
-        "unknown: run at least two epochs with tiers that hold the dataset";
-    return v;
-  }
-  if (v.B2 <= 0) {
-    v.bound = "undecided";
-    v.reason = "the stager read nothing from the PFS, so its rate is unknown";
-    return v;
-  }
-  v.h_needed = std::max(0.0, 1 - v.B2 / v.C);
-  v.capacity_needed = v.h_needed * v.S;
-  std::string rates = "fully cached epochs consumed " + rate(v.C) + " (C); the PFS delivered " +
-                      rate(v.B2) + " (B2)";
-  if (v.B1 > 0 && v.C >= 0.8 * v.B1) {
-    v.bound = "local tier";
-    v.reason = rates + "; one reader reads the local tier at " + rate(v.B1) +
-               " (B1): the job consumes data about as fast as the local tier gives it";
-  } else if (v.h + 0.01 >= v.h_needed) {
-    v.bound = "compute";
-    v.reason = rates + ": with " + pct(v.h, 1) +
-               " of the dataset cached (needed: " + pct(v.h_needed, 1) +
-               "), I/O keeps up and the job is bound by its computation";
-  } else {
-    v.bound = "pfs";
-    v.reason = rates + ": only " + pct(v.h, 1) + " of the dataset is cached, " +
-               pct(v.h_needed, 1) + " is needed for the PFS to keep up";
-  }
-  return v;
-}
+  double ls_ns = num(c, pkey(c_local_sample_ns));
+  if (ls_ns > 0) v.B1 = num(c, pkey(c_local_sample_bytes)) / ls_ns * 1e9;
+  pfs_rate(t, f, v);
 
-void write_atomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-  bool ok = fd >= 0 && write(fd, text.data(), text.size()) == ssize_t(text.size());
-  int err = errno;
-  if (fd >= 0 && close(fd) != 0 && ok) ok = false, err = errno;
-  if (ok && rename(tmp.c_str(), path.c_str()) == 0) return;
-  if (ok) err = errno;
-  unlink(tmp.c_str());
-  throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
+  std::vector<std::pair<double, int>> cached;  // (rate, epoch) of fully local steady epochs
+  const EpochFigures* partial = nullptr;       // the last steady epoch that read the PFS
+  for (const EpochFigures& e : f.epochs) {
+    if (!e.steady || e.seconds <= 0) continue;
+    if (e.traffic.hit() >= 0.99)
+      cached.push_back({e.rate(), e.number});
+    else
+      partial = &e;
+  }
+  if (!cached.empty()) {
+    std::sort(cached.begin(), cached.end());
+    size_t m = cached.size() / 2;
+    v.C = cached.size() % 2 ? cached[m].first : (cached[m - 1].first + cached[m].first) / 2;
+    for (auto& [r, n] : cached) v.C_epochs.push_back(n);
+    std::sort(v.C_epochs.begin(), v.C_epochs.end());
+  }
+  if (const EpochFigures* e1 = f.epochs.empty() ? nullptr : &f.epochs[0];
+      e1 && e1->complete && e1->seconds > 0 && v.C > 0) {
+    double ratio = e1->rate() > 0 ? v.C / e1->rate() : 0;
+    v.first_epoch = "epoch 1 (the fill) ran at " + rate(e1->rate()) + ", " + fmt("%.1f", ratio) +
+                    "x as long as a fully cached epoch";
+    if (v.B2 > 0 && e1->traffic.pfs_bytes / v.B2 >= 0.8 * e1->seconds)
+      v.first_epoch += ": bound by the PFS";
+  }
+
+  std::string c_words;
+  if (v.C > 0) {
+    std::string list;
+    for (int n : v.C_epochs) list += (list.empty() ? "" : ", ") + std::to_string(n);
+    c_words = "fully cached epochs (" + list + ") consumed " + rate(v.C) + " (C)";
+  }
+  if (v.C > 0 && v.B2 > 0) {
+    v.h_needed = std::max(0.0, 1 - v.B2 / v.C);
+    v.capacity_needed = v.h_needed * v.S;
+  }
+  if (v.C > 0 && v.h + 0.01 >= v.h_needed) {  // h_needed < 0 when B2 is unknown: h >= 0.99
+    double share = v.B1 > 0 ? v.C / v.B1 : 0;
+    if (share >= 0.8) {
+      v.bound = "local tier";
+      v.reason = c_words + "; one local read runs at " + rate(v.B1) +
+                 " (B1): in those epochs the job's readers spent " + pct(share, 1) +
+                 " of the time in local reads, so the local tier, not the PFS or the "
+                 "computation, sets the pace";
+    } else {
+      v.bound = "compute";
+      v.reason = c_words + (v.B2 > 0 ? "; " + b2_words(v) : "") + ": with " + pct(v.h, 1) +
+                 " of the dataset cached (needed: " +
+                 (v.h_needed >= 0 ? pct(v.h_needed, 1) : std::string("unknown")) +
+                 "), I/O keeps up and the job is bound by its computation" +
+                 (v.B1 > 0 ? " (local reads took " + pct(share, 1) + " of the time)" : "");
+    }
+    if (v.B2 <= 0) v.reason += "; the PFS's rate was not measured (nothing read from it)";
+    return v;
+  }
+  if (v.C > 0 && v.B2 > 0) {
+    v.bound = "pfs";
+    v.reason = c_words + "; " + b2_words(v) + ": only " + pct(v.h, 1) +
+               " of the dataset is cached, " + pct(v.h_needed, 1) +
+               " is needed for the PFS to keep up";
+    return v;
+  }
+  v.bound = "undecided";
+  if (partial && v.B2 > 0) {
+    // Reading this epoch's PFS bytes at B2 takes pfs_s of its seconds.
+    double pfs_s = partial->traffic.job_pfs_bytes / v.B2;
+    std::string what = "epoch " + std::to_string(partial->number) + " read " +
+                       pct(1 - partial->traffic.hit(), 1) + " of its bytes from the PFS; at " +
+                       rate(v.B2) + " (B2) that takes " + fmt("%.2f", pfs_s) + " s of its " +
+                       fmt("%.2f", partial->seconds) + " s";
+    if (pfs_s >= 0.8 * partial->seconds) {
+      v.bound = "pfs";
+      v.reason = what + ": the PFS sets the pace and more local capacity would help; how much " +
+                 "cannot be decided without a fully cached epoch (the job's own rate C is " +
+                 "unknown; at most the whole dataset, " + human_bytes(v.S) + ")";
+    } else {
+      v.bound = "compute";
+      v.reason = what + ": the uncached part is no bottleneck; the job's own rate C is unknown " +
+                 "(no fully cached epoch)";
+      v.h_needed = -1;
+    }
+    return v;
+  }
+  // Here C is unknown (with C known, the branches above decide).
+  bool any_steady =
+      std::any_of(f.epochs.begin(), f.epochs.end(), [](const EpochFigures& e) { return e.steady; });
+  v.reason = std::string("no steady epoch was read from node-local tiers (") +
+             (f.epochs.empty() ? "no epoch completed"
+              : any_steady     ? "the PFS's rate B2 is unknown"
+                               : "the stager was copying in every epoch") +
+             "), so the job's own rate C is unknown: run at least two epochs with tiers that " +
+             "hold the dataset (" + human_bytes(v.S) + ")";
+  return v;
 }
 
 }  // namespace
 
-Figures figures(const std::string& json) {
-  pt::ptree t = parse(json);
+std::string stats_of(const std::string& json) {
+  return parse(json).raw;
+}
+
+Figures figures_of(const pt::ptree& t) {
   Figures f;
   f.job = t.get<std::string>("job", "?");
   f.host = t.get<std::string>("host", "");
@@ -216,6 +379,7 @@ Figures figures(const std::string& json) {
       ef.start_s = num(e, "start_s");
       ef.seconds = num(e, "end_s") - ef.start_s;
       if (auto c = e.get_child_optional("counters")) ef.traffic = traffic(*c);
+      ef.steady = ef.complete && ef.traffic.stager_pfs_bytes <= 0.01 * ef.traffic.bytes;
       f.epochs.push_back(ef);
     }
   f.fallbacks = fallbacks(t, f);
@@ -223,98 +387,13 @@ Figures figures(const std::string& json) {
   return f;
 }
 
-std::string summary_text(const std::string& json) {
-  Figures f = figures(json);
-  std::ostringstream o;
-  const Traffic& t = f.total;
-  o << "monarch: job " << f.job << (f.host.empty() ? "" : " on " + f.host) << ", dataset "
-    << f.dataset << " (" << count(f.files) << " files, " << human_bytes(f.dataset_bytes) << ")"
-    << (f.complete ? "" : " [incomplete]") << "\n";
-  o << "  read " << human_bytes(t.bytes) << " in " << count(t.opens) << " opens and "
-    << count(t.reads) << " reads; " << pct(t.local_bytes, t.bytes) << " from node-local tiers\n";
-  o << "  PFS: " << count(t.pfs_opens) << " opens, " << count(t.pfs_reads) << " reads, "
-    << human_bytes(t.pfs_bytes) << " — without Monarch: " << count(t.opens) << ", "
-    << count(t.reads) << ", " << human_bytes(t.bytes) << "; avoided "
-    << pct(t.opens - t.pfs_opens, t.opens) << " of opens, " << pct(t.reads - t.pfs_reads, t.reads)
-    << " of reads, " << pct(t.bytes - t.pfs_bytes, t.bytes) << " of bytes\n";
-  for (const EpochFigures& e : f.epochs) {
-    const Traffic& x = e.traffic;
-    o << "  epoch " << e.number << (e.complete ? "" : " (partial)") << ": "
-      << fmt("%.2f", e.seconds) << " s, local " << pct(x.local_bytes, x.bytes) << ", PFS "
-      << count(x.pfs_opens) << " opens / " << count(x.pfs_reads) << " reads / "
-      << human_bytes(x.pfs_bytes) << " (avoided " << pct(x.bytes - x.pfs_bytes, x.bytes)
-      << " of bytes)\n";
+Figures figures(const std::string& json) {
+  Parsed p = parse(json);
+  try {
+    return figures_of(p.stats);
+  } catch (const pt::ptree_error& e) {
+    throw ReportError(std::string("malformed Monarch statistics: ") + e.what());
   }
-  o << "  cached: " << count(f.cached_files) << " files, " << human_bytes(f.cached_bytes) << " ("
-    << pct(f.cached_bytes, f.dataset_bytes) << " of the dataset)";
-  for (const Figures::Tier& tier : f.tiers)
-    o << "; " << tier.name << " " << human_bytes(tier.used) << " of " << human_bytes(tier.quota);
-  if (f.fill_seconds > 0) o << "; filled in " << fmt("%.1f", f.fill_seconds) << " s";
-  o << "\n";
-  for (const std::string& line : f.fallbacks) o << "  note: " << line << "\n";
-  const Verdict& v = f.verdict;
-  o << "  verdict: " << (v.bound == "undecided" ? "undecided" : v.bound + "-bound") << " — "
-    << v.reason << ".";
-  if (v.bound == "pfs" || v.bound == "compute")
-    o << " Local capacity for a compute-bound job: " << human_bytes(v.capacity_needed) << " ("
-      << pct(v.h_needed, 1) << " of the dataset); configured: " << human_bytes(v.quota) << ".";
-  o << "\n";
-  return o.str();
-}
-
-std::string report_json(const std::string& json) {
-  Figures f = figures(json);
-  std::ostringstream o;
-  auto traffic_json = [&](const Traffic& t) {
-    o << "{\"opens\":" << t.opens << ",\"reads\":" << t.reads << ",\"bytes\":" << t.bytes
-      << ",\"pfs_opens\":" << t.pfs_opens << ",\"pfs_reads\":" << t.pfs_reads
-      << ",\"pfs_bytes\":" << t.pfs_bytes << ",\"local_bytes\":" << t.local_bytes
-      << ",\"local_hit\":" << t.hit() << ",\"avoided\":{\"opens\":" << t.opens - t.pfs_opens
-      << ",\"reads\":" << t.reads - t.pfs_reads << ",\"bytes\":" << t.bytes - t.pfs_bytes << "}}";
-  };
-  o.precision(15);
-  o << "{\"schema\":" << json_string(kReportSchema) << ",\"job\":" << json_string(f.job)
-    << ",\"host\":" << json_string(f.host) << ",\"user\":" << json_string(f.user)
-    << ",\"dataset\":" << json_string(f.dataset)
-    << ",\"complete\":" << (f.complete ? "true" : "false") << ",\"elapsed_s\":" << f.elapsed_s
-    << ",\"dataset_files\":" << f.files << ",\"dataset_bytes\":" << f.dataset_bytes
-    << ",\"cached\":{\"files\":" << f.cached_files << ",\"bytes\":" << f.cached_bytes
-    << ",\"fraction\":" << (f.dataset_bytes > 0 ? f.cached_bytes / f.dataset_bytes : 0)
-    << ",\"fill_seconds\":" << f.fill_seconds << "},\"total\":";
-  traffic_json(f.total);
-  o << ",\"epochs\":[";
-  for (size_t i = 0; i < f.epochs.size(); ++i) {
-    const EpochFigures& e = f.epochs[i];
-    o << (i ? "," : "") << "{\"number\":" << e.number
-      << ",\"complete\":" << (e.complete ? "true" : "false") << ",\"start_s\":" << e.start_s
-      << ",\"seconds\":" << e.seconds << ",\"traffic\":";
-    traffic_json(e.traffic);
-    o << "}";
-  }
-  o << "],\"fallbacks\":[";
-  for (size_t i = 0; i < f.fallbacks.size(); ++i)
-    o << (i ? "," : "") << json_string(f.fallbacks[i]);
-  const Verdict& v = f.verdict;
-  o << "],\"verdict\":{\"bound\":" << json_string(v.bound)
-    << ",\"reason\":" << json_string(v.reason) << ",\"S\":" << v.S << ",\"h\":" << v.h
-    << ",\"B1\":" << v.B1 << ",\"B2\":" << v.B2 << ",\"C\":" << v.C
-    << ",\"h_needed\":" << v.h_needed << ",\"capacity_needed\":" << v.capacity_needed
-    << ",\"quota\":" << v.quota << "}";
-  std::string stats = stats_of(json);
-  while (!stats.empty() && std::isspace(static_cast<unsigned char>(stats.back()))) stats.pop_back();
-  o << ",\"stats\":" << stats << "}\n";  // last: stats_of() finds it there
-  return o.str();
-}
-
-std::vector<std::string> write_reports(const std::string& json, const std::string& dir) {
-  Figures f = figures(json);
-  if (!valid_job_key(f.job)) throw ReportError("a job key that cannot name a file: " + f.job);
-  std::string base = dir + "/monarch-" + f.job;
-  std::vector<std::string> paths = {base + ".txt", base + ".json", base + ".svg"};
-  write_atomically(paths[0], summary_text(json));
-  write_atomically(paths[1], report_json(json));
-  write_atomically(paths[2], report_svg(json));
-  return paths;
 }
 
 }  // namespace monarch

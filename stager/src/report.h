@@ -1,6 +1,8 @@
-// Rendering a job's statistics (stats.json, schema monarch-stats/1) for
-// people and scripts: the terminal summary with a verdict, the report JSON
-// (schema monarch-report/1), and a self-contained SVG picture.
+// Rendering a job's statistics (stats.json, schema monarch-stats/1, written by
+// stats.cpp) for people and scripts: the terminal summary with a verdict, the
+// report JSON (schema monarch-report/1: the figures below plus the statistics
+// embedded), and a self-contained SVG picture. Pure functions of the JSON text
+// except write_reports; thread-safe; no global state.
 #pragma once
 
 #include <stdexcept>
@@ -11,44 +13,95 @@ namespace monarch {
 
 inline constexpr const char* kReportSchema = "monarch-report/1";
 
-// Bad input, phrased for the user: what is wrong with the file.
+// Bad input, phrased for the user: what is wrong with the file (the caller
+// names the file).
 struct ReportError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// What would have reached the PFS without Monarch against what did.
+// Without Monarch every open and read the job made would have reached the
+// PFS; with it, what reached the PFS is the job's own PFS calls plus the
+// stager's. avoided = without - with (negative when the stager copied ahead
+// more than the job read in that span).
 struct Traffic {
-  double opens = 0, reads = 0, bytes = 0;              // the job's own calls
+  double opens = 0, reads = 0, bytes = 0;              // the job's calls (counters opens...)
   double pfs_opens = 0, pfs_reads = 0, pfs_bytes = 0;  // what reached the PFS (job + stager)
-  double local_bytes = 0;                              // answered from node-local tiers
+  double job_pfs_opens = 0, job_pfs_reads = 0, job_pfs_bytes = 0;  // of which the job's
+  double job_pfs_read_ns = 0;                                      // time in them
+  double stager_pfs_bytes = 0;  // of which the stager's (its opens and reads: the difference)
+  double stager_copied = 0;     // bytes the stager cached from the PFS (read + handed off)
+  double local_reads = 0, local_bytes = 0;  // answered from node-local tiers (tier_*)
   double hit() const { return bytes > 0 ? local_bytes / bytes : 0; }
+  double read_hit() const { return reads > 0 ? local_reads / reads : 0; }
 };
 
 struct EpochFigures {
   int number = 0;
-  bool complete = false;
+  bool complete = false;  // the job's bytes reached the dataset size again
   double start_s = 0, seconds = 0;
   Traffic traffic;
+  // Complete, and the stager read under 1% of the epoch's bytes from the PFS:
+  // the epoch shows the job's steady state, not the fill.
+  bool steady = false;
+  double rate() const { return seconds > 0 ? traffic.bytes / seconds : 0; }
 };
 
-// The I/O roofline of the job (HPE's data-aware tiering slides): an epoch
-// takes at least max(S/C, (1-h)·S/B2), where S is the dataset size, h the
-// cached fraction, B2 the PFS read rate and C the rate at which the job
-// consumes data when everything is local (a fully cached epoch).
+// The verdict: the I/O roofline of HPE's "data-aware storage tiering" slides
+// applied to one job. All rates in bytes/s; 0 means "not measured".
+//   S  = index.bytes, the dataset size.
+//   h  = cached.bytes / S, the fraction on node-local tiers at the end.
+//   C  = the job's consumption rate with all its data local: the median of
+//        bytes/seconds over steady epochs with local hits >= 99% (computation
+//        plus local reads; it is what the job does when the PFS is out of the way).
+//   B2 = the PFS's rate to this node. Preferred: the fill, (stager.pfs_bytes +
+//        stager.handoff_bytes) / cached.fill_seconds, when the stager copied
+//        ahead (settings.stage_ahead) and finished: the wall-clock rate at which
+//        the dataset came from the PFS with the stager's copy threads in
+//        parallel. Not the per-call read time scaled by the thread count: that
+//        assumes every thread was busy at once and overstates the rate in a
+//        fill's tail; not the epoch-1 rate: that is the slower of the PFS and
+//        the job itself, on a PFS shared with the stager's copies. Fallbacks,
+//        named in B2_source: "stager reads" = stager.pfs_bytes /
+//        (stager.pfs_read_ns / copy_threads), an upper bound; "job reads" =
+//        pfs_bytes / pfs_read_ns of the job's processes, one reader's rate, a
+//        lower bound.
+//   B1 = local_sample_bytes / local_sample_ns: one local read call's rate.
+// A steady epoch takes at least max(S/C, (1-h)·S/B2). The least cached
+// fraction for which the PFS is no bottleneck is h* = max(0, 1 - B2/C)
+// (from (1-h*)·S/B2 <= S/C); capacity_needed = h*·S, against quota (the sum of
+// the tiers' quotas).
+//   bound = "pfs"        if h < h* - 0.01 (one point of slack for measured rates);
+//           "local tier" if not, and C >= 0.8·B1: in the fully cached epochs
+//                        the job's readers spent >= 80% of the elapsed time in
+//                        local reads (C/B1 = time in local reads / elapsed,
+//                        summed over readers);
+//           "compute"    otherwise.
+// Without a fully local steady epoch C is unknown; a steady epoch that read
+// part of its data from the PFS still shows whether the PFS bound it: it did
+// when reading its PFS bytes at B2 takes >= 80% of its time ("pfs"), else the
+// uncached part is no bottleneck ("compute", h* <= h, h* not known).
+// Otherwise, or without B2: "undecided", and `reason` says what is missing.
 struct Verdict {
-  double S = 0, h = 0;
-  double B1 = 0;        // local read rate of one reader: timed local reads (bytes/s)
-  double B2 = 0;        // PFS read rate: the stager's copies, bytes over the fill time (bytes/s)
-  double C = 0;         // consumption rate in fully cached epochs (bytes/s), 0 if none
-  double h_needed = 0;  // 1 - B2/C: the cached fraction that makes the PFS no bottleneck
-  double capacity_needed = 0, quota = 0;
-  std::string bound;   // "compute", "pfs", "local tier", or "undecided"
-  std::string reason;  // one sentence, with the figures
+  double S = 0, h = 0, B1 = 0, B2 = 0, C = 0;
+  std::string B2_source;      // "fill", "stager reads", "job reads", or "" (none)
+  std::vector<int> C_epochs;  // the epochs C is the median of
+  double h_needed = -1;       // h*, -1 when it cannot be decided
+  double capacity_needed = -1, quota = 0;
+  std::string bound;        // "compute", "pfs", "local tier", or "undecided"
+  std::string reason;       // sentences with the figures, for the summary
+  std::string first_epoch;  // how epoch 1 (the fill) compares, or ""
+};
+
+// One fallback or limit, in plain words ("3 files did not fit on any tier").
+struct Fallback {
+  std::string counter;  // as named in the statistics: "fb_wait", "stager.noroom"
+  double count = 0;
+  std::string text;  // the whole sentence, count included
 };
 
 struct Figures {
   std::string job, host, user, dataset;
-  bool complete = false;
+  bool complete = false;  // false: the stager was killed; the last periodic flush
   double elapsed_s = 0;
   double files = 0, dataset_bytes = 0, cached_files = 0, cached_bytes = 0, fill_seconds = 0;
   struct Tier {
@@ -59,11 +112,12 @@ struct Figures {
   std::vector<Tier> tiers;
   Traffic total;
   std::vector<EpochFigures> epochs;
-  std::vector<std::string> fallbacks;  // in plain words
+  std::vector<Fallback> fallbacks;
   Verdict verdict;
 };
 
-// The statistics in `json`: all of it, or what a report embeds. Throws ReportError.
+// The statistics in `json` as text: all of it, or what a report embeds.
+// Throws ReportError.
 std::string stats_of(const std::string& json);
 
 // Parses statistics or a report (which embeds them). Throws ReportError.
@@ -71,12 +125,24 @@ Figures figures(const std::string& json);
 
 // The short text summary. Throws ReportError.
 std::string summary_text(const std::string& json);
-// The report JSON: derived figures plus the statistics. Throws ReportError.
+// The report JSON (schema monarch-report/1), one line. Throws ReportError.
 std::string report_json(const std::string& json);
-// The picture: bytes/s per source over time, epochs, cached fraction.
+// The picture: bytes/s per source over time, epochs, cached fraction (SVG).
+// Throws ReportError.
 std::string report_svg(const std::string& json);
-// Writes monarch-<job>.txt, .json and .svg into `dir`, each atomically.
-// Returns the paths. Throws ReportError (bad input) or std::runtime_error.
+// Every counter of the statistics with its meaning (from counters.h).
+std::string explain_text();
+
+// Writes `text` to `path` through a new temporary file in the same directory
+// and rename(2): readers see the old file or the new one, never a part.
+// Throws std::runtime_error naming the path.
+void write_atomically(const std::string& path, const std::string& text);
+
+// Writes monarch-<job>.txt, .json and .svg into `dir`, each atomically, as
+// the calling user. Every node of a job writes into the same directory: when
+// monarch-<job>.json there is another host's report, the names become
+// monarch-<job>-<host>.*. Returns the three paths. Throws ReportError (bad
+// input) or std::runtime_error (cannot write).
 std::vector<std::string> write_reports(const std::string& json, const std::string& dir);
 
 }  // namespace monarch

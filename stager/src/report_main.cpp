@@ -3,17 +3,22 @@
 //   monarch-report --json FILE|JOBID       the report JSON (schema monarch-report/1)
 //   monarch-report --svg OUT FILE|JOBID    the picture
 //   monarch-report --write DIR STATS       monarch-<job>.txt, .json, .svg into DIR
-// FILE is statistics (stats.json) or a report (monarch-<job>.json); JOBID a
-// Slurm job id, whose monarch-job<ID>.json is looked for in the current
-// directory, then in $MONARCH_REPORT_DIR. Bad input: one line, exit 1;
-// bad usage: exit 2.
+//   monarch-report --explain               every counter and its meaning
+// FILE is statistics (stats.json) or a report (monarch-<job>.json). JOBID is
+// a Slurm job id (42 or job42): its monarch-job42.json, and the per-node
+// monarch-job42-<host>.json of a job of several nodes, are looked for in the
+// current directory, then in $MONARCH_REPORT_DIR. Bad input: one line naming
+// the file and the problem, exit 1; bad usage: exit 2.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <iostream>
-#include <sstream>
+#include <regex>
 
 #include "report.h"
 
@@ -22,79 +27,134 @@ namespace {
 constexpr const char* kUsage =
     "usage: monarch-report [--json | --svg OUT] FILE|JOBID\n"
     "       monarch-report --write DIR STATS_JSON\n"
-    "FILE: a job's statistics or report JSON; JOBID: a Slurm job id, looked up as\n"
-    "monarch-job<ID>.json in the current directory, then in $MONARCH_REPORT_DIR.\n";
+    "       monarch-report --explain\n"
+    "FILE: a job's statistics or report JSON; JOBID: a Slurm job id (42 or job42),\n"
+    "found as monarch-job42.json in the current directory, then in $MONARCH_REPORT_DIR.\n";
 
+struct Usage : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Bad input: the file, and what is wrong with it.
 struct Failure {
-  std::string message;
+  std::string path, message;
 };
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Failure{path + ": cannot read: " + std::strerror(errno)};
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// A file, or the report of a job id.
-std::string find_input(const std::string& arg, std::string& path) {
-  bool id = !arg.empty() && arg.find_first_not_of("0123456789") == std::string::npos;
-  if (!id) return read_file(path = arg);
-  std::string name = "monarch-job" + arg + ".json";
-  std::string where = "the current directory";
-  if (access(name.c_str(), F_OK) == 0) return read_file(path = name);
-  if (const char* dir = std::getenv("MONARCH_REPORT_DIR"); dir && *dir) {
-    path = std::string(dir) + "/" + name;
-    if (access(path.c_str(), F_OK) == 0) return read_file(path);
-    where += " and " + std::string(dir);
-  } else {
-    where += " ($MONARCH_REPORT_DIR is not set)";
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Failure{path, std::string("cannot read: ") + std::strerror(errno)};
+  struct stat st;
+  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    close(fd);
+    throw Failure{path, "cannot read: Is a directory"};
   }
-  throw Failure{"no report for job " + arg + ": no " + name + " in " + where};
+  std::string text;
+  char buf[1 << 16];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+    if (n > 0) text.append(buf, size_t(n));
+  int err = errno;
+  close(fd);
+  if (n < 0) throw Failure{path, std::string("cannot read: ") + std::strerror(err)};
+  return text;
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  if (!out.flush()) throw Failure{path + ": cannot write: " + std::strerror(errno)};
+// The reports of job `id` in `dir`: monarch-job<ID>.json first, then the
+// per-node monarch-job<ID>-<host>.json, by name.
+std::vector<std::string> reports_in(const std::string& dir, const std::string& id) {
+  std::vector<std::string> found;
+  std::string name = "monarch-job" + id;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return found;
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n == name + ".json" || (n.rfind(name + "-", 0) == 0 && n.size() > name.size() + 6 &&
+                                n.compare(n.size() - 5, 5, ".json") == 0))
+      found.push_back(dir == "." ? n : dir + "/" + n);
+  }
+  closedir(d);
+  std::sort(found.begin(), found.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() < b.size() : a < b;
+  });
+  return found;
+}
+
+// The files an argument names: itself, or the reports of a job id.
+std::vector<std::string> inputs(const std::string& arg) {
+  static const std::regex job_id("(job)?([0-9]+)");
+  std::smatch m;
+  struct stat st;
+  if (lstat(arg.c_str(), &st) == 0 || !std::regex_match(arg, m, job_id)) return {arg};
+  std::string id = m[2], where = "the current directory";
+  std::vector<std::string> found = reports_in(".", id);
+  if (found.empty()) {
+    if (const char* dir = std::getenv("MONARCH_REPORT_DIR"); dir && *dir) {
+      found = reports_in(dir, id);
+      where += " or " + std::string(dir) + " ($MONARCH_REPORT_DIR)";
+    } else {
+      where += " ($MONARCH_REPORT_DIR is not set)";
+    }
+  }
+  if (found.empty())
+    throw Failure{"job " + id, "no report: no monarch-job" + id + ".json in " + where};
+  return found;
+}
+
+int run(const std::vector<std::string>& args) {
+  std::string mode = args.empty() ? "" : args[0];
+  if (mode == "--explain" && args.size() == 1) {
+    std::cout << monarch::explain_text();
+  } else if (mode == "--write") {
+    if (args.size() != 3) throw Usage("--write takes DIR and STATS_JSON");
+    std::string text = read_file(args[2]);
+    try {
+      for (const std::string& p : monarch::write_reports(text, args[1])) std::cout << p << "\n";
+    } catch (const monarch::ReportError& e) {
+      throw Failure{args[2], e.what()};
+    }
+  } else if (mode == "--json" || mode == "--svg" || (args.size() == 1 && mode[0] != '-')) {
+    size_t want = mode == "--json" ? 2 : mode == "--svg" ? 3 : 1;
+    if (args.size() != want) throw Usage("wrong number of arguments for " + mode);
+    std::vector<std::string> files = inputs(args.back());
+    if (mode == "--svg" && files.size() > 1)
+      throw Failure{args.back(), "reports from " + std::to_string(files.size()) +
+                                     " nodes: name one of " + files[0] + "..."};
+    for (size_t i = 0; i < files.size(); ++i) {
+      std::string text = read_file(files[i]);
+      try {
+        if (mode == "--json")
+          std::cout << monarch::report_json(text);
+        else if (mode == "--svg")
+          monarch::write_atomically(args[1], monarch::report_svg(text));
+        else
+          std::cout << (i ? "\n" : "") << monarch::summary_text(text);
+      } catch (const monarch::ReportError& e) {
+        throw Failure{files[i], e.what()};
+      }
+    }
+  } else {
+    throw Usage(args.empty() ? "no arguments" : "unknown arguments");
+  }
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
-    (args.empty() ? std::cerr : std::cout) << kUsage;
-    return args.empty() ? 2 : 0;
+  if (args.size() == 1 && (args[0] == "-h" || args[0] == "--help")) {
+    std::cout << kUsage;
+    return 0;
   }
-  std::string path = args.back();
   try {
-    if (args[0] == "--write") {
-      if (args.size() != 3) throw std::invalid_argument("--write takes DIR and STATS_JSON");
-      for (const std::string& p : monarch::write_reports(read_file(path = args[2]), args[1]))
-        std::cout << p << "\n";
-    } else if (args[0] == "--json" && args.size() == 2) {
-      std::cout << monarch::report_json(find_input(args[1], path));
-    } else if (args[0] == "--svg" && args.size() == 3) {
-      write_file(args[1], monarch::report_svg(find_input(args[2], path)));
-    } else if (args.size() == 1 && args[0][0] != '-') {
-      std::cout << monarch::summary_text(find_input(args[0], path));
-    } else {
-      throw std::invalid_argument("unknown arguments");
-    }
-  } catch (const std::invalid_argument& e) {
+    return run(args);
+  } catch (const Usage& e) {
     std::cerr << "monarch-report: " << e.what() << "\n" << kUsage;
     return 2;
   } catch (const Failure& f) {
-    std::cerr << "monarch-report: " << f.message << "\n";
+    std::cerr << "monarch-report: " << f.path << ": " << f.message << "\n";
     return 1;
-  } catch (const monarch::ReportError& e) {
-    std::cerr << "monarch-report: " << path << ": " << e.what() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // cannot write: the message names the file
     std::cerr << "monarch-report: " << e.what() << "\n";
     return 1;
   }
-  return 0;
 }

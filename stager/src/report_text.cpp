@@ -1,0 +1,279 @@
+// The report's text forms: the terminal summary, the report JSON, the
+// counters' meanings; and writing them into a directory.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "config.h"
+#include "report.h"
+#include "report_internal.h"
+#include "stats.h"
+
+namespace monarch {
+using namespace report_internal;
+
+namespace {
+
+// "avoided 66.7% of opens (20), 50.0% of reads (40), 33.3% of bytes (1000 B)".
+// When the PFS saw more than the job asked for (the stager copying ahead for
+// later epochs), the share is negative and says so.
+std::string traffic_line(const Traffic& t) {
+  auto one = [](const char* what, double without, double with, bool bytes) {
+    double d = without - with;
+    std::string n = bytes ? human_bytes(std::fabs(d)) : count(std::fabs(d));
+    return pct(d, without) + " of " + what + " (" + n + (d < 0 ? " more: copies ahead)" : ")");
+  };
+  return "avoided " + one("opens", t.opens, t.pfs_opens, false) + ", " +
+         one("reads", t.reads, t.pfs_reads, false) + ", " +
+         one("bytes", t.bytes, t.pfs_bytes, true);
+}
+
+// Epochs to list one by one: all of a short job; of a long one the first
+// two, the middle summed, and the last.
+std::vector<EpochFigures> epochs_to_show(const std::vector<EpochFigures>& all) {
+  if (all.size() <= 6) return all;
+  std::vector<EpochFigures> out = {all[0], all[1]};
+  EpochFigures mid = all[2];
+  for (size_t i = 3; i + 1 < all.size(); ++i) {
+    const Traffic& x = all[i].traffic;
+    Traffic& m = mid.traffic;
+    m.opens += x.opens, m.reads += x.reads, m.bytes += x.bytes;
+    m.pfs_opens += x.pfs_opens, m.pfs_reads += x.pfs_reads, m.pfs_bytes += x.pfs_bytes;
+    m.local_reads += x.local_reads, m.local_bytes += x.local_bytes;
+    mid.seconds += all[i].seconds;
+  }
+  mid.number = -int(all.size() - 2);  // "epochs 3-N" below
+  out.push_back(mid);
+  out.push_back(all.back());
+  return out;
+}
+
+// A JSON number; integers exactly, null for what is not finite.
+std::string jnum(double v) {
+  if (!std::isfinite(v)) return "null";
+  if (v == std::floor(v) && std::fabs(v) < 9e15) return fmt("%.0f", v);
+  return fmt("%.10g", v);
+}
+std::string jfrac(double part, double whole) {
+  return whole > 0 ? jnum(part / whole) : "null";
+}
+
+std::string traffic_json(const Traffic& t) {
+  std::ostringstream o;
+  o << "{\"opens\":" << jnum(t.opens) << ",\"reads\":" << jnum(t.reads)
+    << ",\"bytes\":" << jnum(t.bytes) << ",\"pfs_opens\":" << jnum(t.pfs_opens)
+    << ",\"pfs_reads\":" << jnum(t.pfs_reads) << ",\"pfs_bytes\":" << jnum(t.pfs_bytes)
+    << ",\"job_pfs_opens\":" << jnum(t.job_pfs_opens)
+    << ",\"job_pfs_reads\":" << jnum(t.job_pfs_reads)
+    << ",\"job_pfs_bytes\":" << jnum(t.job_pfs_bytes)
+    << ",\"stager_pfs_opens\":" << jnum(t.pfs_opens - t.job_pfs_opens)
+    << ",\"stager_pfs_reads\":" << jnum(t.pfs_reads - t.job_pfs_reads)
+    << ",\"stager_pfs_bytes\":" << jnum(t.stager_pfs_bytes)
+    << ",\"local_reads\":" << jnum(t.local_reads) << ",\"local_bytes\":" << jnum(t.local_bytes)
+    << ",\"local_hit\":" << jfrac(t.local_bytes, t.bytes)
+    << ",\"local_read_hit\":" << jfrac(t.local_reads, t.reads)
+    << ",\"avoided\":{\"opens\":" << jnum(t.opens - t.pfs_opens)
+    << ",\"reads\":" << jnum(t.reads - t.pfs_reads) << ",\"bytes\":" << jnum(t.bytes - t.pfs_bytes)
+    << ",\"opens_fraction\":" << jfrac(t.opens - t.pfs_opens, t.opens)
+    << ",\"reads_fraction\":" << jfrac(t.reads - t.pfs_reads, t.reads)
+    << ",\"bytes_fraction\":" << jfrac(t.bytes - t.pfs_bytes, t.bytes) << "}}";
+  return o.str();
+}
+
+std::string capacity_line(const Verdict& v) {
+  if (v.h_needed < 0) return "";
+  std::string s = "local capacity for a compute-bound job: " + human_bytes(v.capacity_needed) +
+                  " (" + pct(v.h_needed, 1) +
+                  " of the dataset); configured: " + human_bytes(v.quota);
+  if (v.quota <= 0) return s;
+  return s + (v.quota >= v.capacity_needed
+                  ? " (enough)"
+                  : " (short by " + human_bytes(v.capacity_needed - v.quota) + ")");
+}
+
+}  // namespace
+
+std::string summary_text(const std::string& json) {
+  Figures f = figures(json);
+  std::ostringstream o;
+  const Traffic& t = f.total;
+  o << "monarch: job " << f.job << (f.host.empty() ? "" : " on " + f.host) << ", dataset "
+    << f.dataset << " (" << count(f.files) << " files, " << human_bytes(f.dataset_bytes) << ")"
+    << (f.complete ? "" : " [incomplete]") << "\n";
+  o << "  read " << human_bytes(t.bytes) << " in " << count(t.opens) << " opens and "
+    << count(t.reads) << " reads; " << pct(t.local_bytes, t.bytes) << " of bytes and "
+    << pct(t.local_reads, t.reads) << " of reads from node-local tiers\n";
+  o << "  PFS without Monarch: " << count(t.opens) << " opens, " << count(t.reads) << " reads, "
+    << human_bytes(t.bytes) << "\n  PFS with Monarch: " << count(t.pfs_opens) << " opens, "
+    << count(t.pfs_reads) << " reads, " << human_bytes(t.pfs_bytes) << " (the job "
+    << count(t.job_pfs_opens) << ", " << count(t.job_pfs_reads) << ", "
+    << human_bytes(t.job_pfs_bytes) << "; the stager's copies "
+    << count(t.pfs_opens - t.job_pfs_opens) << ", " << count(t.pfs_reads - t.job_pfs_reads) << ", "
+    << human_bytes(t.stager_pfs_bytes) << ")\n";
+  o << "  " << traffic_line(t) << "\n";
+  for (const EpochFigures& e : epochs_to_show(f.epochs)) {
+    const Traffic& x = e.traffic;
+    if (e.number < 0)
+      o << "  epochs 3-" << -e.number << ": ";
+    else
+      o << "  epoch " << e.number << (e.complete ? "" : " (partial)") << ": ";
+    o << fmt("%.2f", e.seconds) << " s, local " << pct(x.local_bytes, x.bytes) << ", "
+      << rate(e.rate()) << "; PFS " << count(x.pfs_opens) << " opens, " << count(x.pfs_reads)
+      << " reads, " << human_bytes(x.pfs_bytes) << "\n    " << traffic_line(x) << "\n";
+  }
+  o << "  cached: " << count(f.cached_files) << " files, " << human_bytes(f.cached_bytes) << " ("
+    << pct(f.cached_bytes, f.dataset_bytes) << " of the dataset)";
+  if (f.fill_seconds > 0) o << " in " << fmt("%.1f", f.fill_seconds) << " s";
+  for (const Figures::Tier& tier : f.tiers)
+    o << "; " << tier.name << " " << human_bytes(tier.used) << " of " << human_bytes(tier.quota);
+  o << "\n";
+  if (!f.complete)
+    o << "  note: the statistics are incomplete: the stager did not stop normally (killed?); "
+         "they end at its last periodic flush, "
+      << fmt("%.1f", f.elapsed_s) << " s after it started\n";
+  for (const Fallback& fb : f.fallbacks) o << "  note: " << fb.text << "\n";
+  const Verdict& v = f.verdict;
+  std::string lines = "verdict: " + (v.bound == "undecided" ? v.bound : v.bound + "-bound") +
+                      " - " + v.reason + ".";
+  if (v.C > 0 && v.B2 > 0)
+    lines += "\nroofline: a steady epoch takes at least max(S/C, (1-h)*S/B2) = max(" +
+             fmt("%.2f", v.S / v.C) + " s, " + fmt("%.2f", (1 - v.h) * v.S / v.B2) +
+             " s) with S = " + human_bytes(v.S) + ", h = " + pct(v.h, 1) +
+             " cached; h* = max(0, 1 - B2/C) = " + pct(v.h_needed, 1) + ".";
+  if (std::string c = capacity_line(v); !c.empty()) lines += "\n" + c + ".";
+  if (!v.first_epoch.empty()) lines += "\n" + v.first_epoch + ".";
+  // One line each, unwrapped: the terminal wraps, grep finds.
+  std::istringstream in(lines);
+  bool first = true;
+  for (std::string line; std::getline(in, line); first = false)
+    o << (first ? "  " : "    ") << line << "\n";
+  return o.str();
+}
+
+std::string report_json(const std::string& json) {
+  Parsed p = parse(json);
+  Figures f = figures(json);
+  const Verdict& v = f.verdict;
+  std::ostringstream o;
+  o << "{\"schema\":" << json_string(kReportSchema) << ",\"job\":" << json_string(f.job)
+    << ",\"host\":" << json_string(f.host) << ",\"user\":" << json_string(f.user)
+    << ",\"dataset\":" << json_string(f.dataset)
+    << ",\"complete\":" << (f.complete ? "true" : "false") << ",\"elapsed_s\":" << jnum(f.elapsed_s)
+    << ",\"dataset_files\":" << jnum(f.files) << ",\"dataset_bytes\":" << jnum(f.dataset_bytes)
+    << ",\"cached\":{\"files\":" << jnum(f.cached_files) << ",\"bytes\":" << jnum(f.cached_bytes)
+    << ",\"fraction\":" << jfrac(f.cached_bytes, f.dataset_bytes)
+    << ",\"fill_seconds\":" << jnum(f.fill_seconds) << "},\"tiers\":[";
+  for (size_t i = 0; i < f.tiers.size(); ++i)
+    o << (i ? "," : "") << "{\"name\":" << json_string(f.tiers[i].name)
+      << ",\"quota\":" << jnum(f.tiers[i].quota) << ",\"used\":" << jnum(f.tiers[i].used)
+      << ",\"full\":" << (f.tiers[i].full ? "true" : "false") << "}";
+  o << "],\"total\":" << traffic_json(f.total) << ",\"epochs\":[";
+  for (size_t i = 0; i < f.epochs.size(); ++i) {
+    const EpochFigures& e = f.epochs[i];
+    o << (i ? "," : "") << "{\"number\":" << e.number
+      << ",\"complete\":" << (e.complete ? "true" : "false")
+      << ",\"steady\":" << (e.steady ? "true" : "false") << ",\"start_s\":" << jnum(e.start_s)
+      << ",\"seconds\":" << jnum(e.seconds) << ",\"rate\":" << jnum(e.rate())
+      << ",\"traffic\":" << traffic_json(e.traffic) << "}";
+  }
+  o << "],\"fallbacks\":[";
+  for (size_t i = 0; i < f.fallbacks.size(); ++i)
+    o << (i ? "," : "") << "{\"counter\":" << json_string(f.fallbacks[i].counter)
+      << ",\"count\":" << jnum(f.fallbacks[i].count)
+      << ",\"text\":" << json_string(f.fallbacks[i].text) << "}";
+  o << "],\"verdict\":{\"bound\":" << json_string(v.bound)
+    << ",\"reason\":" << json_string(v.reason) << ",\"S\":" << jnum(v.S) << ",\"h\":" << jnum(v.h)
+    << ",\"B1\":" << jnum(v.B1) << ",\"B2\":" << jnum(v.B2)
+    << ",\"B2_source\":" << json_string(v.B2_source) << ",\"C\":" << jnum(v.C) << ",\"C_epochs\":[";
+  for (size_t i = 0; i < v.C_epochs.size(); ++i) o << (i ? "," : "") << v.C_epochs[i];
+  o << "],\"h_needed\":" << (v.h_needed < 0 ? "null" : jnum(v.h_needed))
+    << ",\"capacity_needed\":" << (v.h_needed < 0 ? "null" : jnum(v.capacity_needed))
+    << ",\"quota\":" << jnum(v.quota)
+    << ",\"b_ratio\":" << (v.B1 > 0 && v.B2 > 0 ? jnum(v.B1 / v.B2) : "null")
+    << ",\"c_ratio\":" << jfrac(v.quota, v.S) << ",\"first_epoch\":" << json_string(v.first_epoch)
+    << "}";
+  o << ",\"stats\":" << p.raw << "}\n";
+  return o.str();
+}
+
+std::string explain_text() {
+  std::ostringstream o;
+  o << "Counters of the statistics (\"totals\", and \"counters\" of each epoch):\n";
+  for (size_t i = 0; i < kNumProcessCounters; ++i) {
+    const CounterInfo& c = kProcessCounters[i];
+    o << "  " << c.name << ": " << c.meaning << (c.count > 1 ? " (a list: one per tier)" : "")
+      << "\n";
+  }
+  o << "The stager's (\"stager\" inside them):\n";
+  for (int i = 0; i < kNumStagerCounters; ++i)
+    o << "  stager." << kStagerCounters[i].name << ": " << kStagerCounters[i].meaning << "\n";
+  return o.str();
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  static std::atomic<unsigned> serial{0};
+  std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(serial++);
+  // O_EXCL: a name nobody else made, so no link planted there is followed or truncated.
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  int err = fd < 0 ? errno : 0;
+  for (size_t done = 0; !err && done < text.size();) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno != EINTR) err = errno;
+    if (n > 0) done += size_t(n);
+  }
+  if (!err && fsync(fd) != 0) err = errno;
+  if (fd >= 0 && close(fd) != 0 && !err) err = errno;
+  if (!err && rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (!err) return;
+  if (fd >= 0) unlink(tmp.c_str());
+  throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
+}
+
+std::vector<std::string> write_reports(const std::string& json, const std::string& dir) {
+  Figures f = figures(json);
+  if (!valid_job_key(f.job)) throw ReportError("a job key that cannot name a file: " + f.job);
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0)
+    throw std::runtime_error("cannot write reports into " + dir + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    throw std::runtime_error("cannot write reports into " + dir + ": not a directory");
+  std::string base = dir + "/monarch-" + f.job;
+  std::string report = report_json(json);
+  // Claim monarch-<job>.json with link(2), which never replaces: the first
+  // node of a job gets the plain names, another host's report is kept and
+  // this one is named after its host. A rerun on the same host replaces its own.
+  std::string tmp = base + ".json.claim." + std::to_string(getpid());
+  write_atomically(tmp, report);
+  if (link(tmp.c_str(), (base + ".json").c_str()) != 0) {
+    if (errno == EEXIST && !f.host.empty() && valid_job_key(f.host)) {
+      std::ifstream in(base + ".json");
+      std::stringstream old;
+      old << in.rdbuf();
+      std::string host;
+      try {
+        host = figures(old.str()).host;
+      } catch (const std::exception&) {
+      }
+      if (!host.empty() && host != f.host) base += "-" + f.host;
+    }
+    if (rename(tmp.c_str(), (base + ".json").c_str()) != 0) {
+      int err = errno;
+      unlink(tmp.c_str());
+      throw std::runtime_error("cannot write " + base + ".json: " + std::strerror(err));
+    }
+  } else {
+    unlink(tmp.c_str());
+  }
+  write_atomically(base + ".txt", summary_text(json));
+  write_atomically(base + ".svg", report_svg(json));
+  return {base + ".txt", base + ".json", base + ".svg"};
+}
+
+}  // namespace monarch

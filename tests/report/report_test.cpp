@@ -1,0 +1,414 @@
+// The report's derived figures from hand-written statistics, checked against
+// numbers worked out by hand (in the comments): traffic avoided per epoch,
+// hit ratios, the verdict's rates and bound, fallbacks, the report JSON, the
+// picture's last partial interval, and write_reports.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/property_tree/json_parser.hpp>
+#include <boost/property_tree/ptree.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "counters.h"
+#include "report.h"
+
+namespace monarch {
+namespace {
+namespace pt = boost::property_tree;
+
+using Values = std::map<std::string, double>;
+
+// A counters object: process counters, tier_* as one-tier lists, "stager".
+std::string counters(const Values& job, const Values& stager) {
+  std::string s = "{";
+  for (auto& [k, v] : job) {
+    bool list = k.rfind("tier_", 0) == 0;
+    s += "\"" + k + "\":" + (list ? "[" : "") + std::to_string(uint64_t(v)) + (list ? "]," : ",");
+  }
+  s += "\"stager\":{";
+  for (auto& [k, v] : stager) s += "\"" + k + "\":" + std::to_string(uint64_t(v)) + ",";
+  if (s.back() == ',') s.pop_back();
+  return s + "}}";
+}
+
+struct Epoch {
+  double start, end;
+  Values job, stager;
+};
+
+// S = 1,000,000 bytes in 100 files, one tier "ssd" with a 2,000,000 quota.
+// Epoch 1 (0-10 s): 400,000 bytes from the tier, 600,000 from the PFS by the
+// job; the stager copied 900,000 and wrote 100,000 handed off. Epochs 2
+// (10-12 s) and 3 (12-14.5 s): all local.
+struct Job {
+  double cached = 1e6, fill = 8, quota = 2e6;
+  bool complete = true, stage_ahead = true;
+  std::vector<Epoch> epochs = {
+      {0,
+       10,
+       {{"opens", 100},
+        {"reads", 200},
+        {"bytes", 1e6},
+        {"tier_reads", 80},
+        {"tier_bytes", 4e5},
+        {"pfs_opens", 60},
+        {"pfs_reads", 120},
+        {"pfs_bytes", 6e5},
+        {"pfs_read_ns", 6e9}},
+       {{"pfs_opens", 100},
+        {"pfs_reads", 150},
+        {"pfs_bytes", 9e5},
+        {"pfs_read_ns", 36e8},
+        {"handoff_bytes", 1e5}}},
+      {10,
+       12,
+       {{"opens", 100}, {"reads", 200}, {"bytes", 1e6}, {"tier_reads", 200}, {"tier_bytes", 1e6}},
+       {}},
+      {12,
+       14.5,
+       {{"opens", 100}, {"reads", 200}, {"bytes", 1e6}, {"tier_reads", 200}, {"tier_bytes", 1e6}},
+       {}}};
+  Values extra_totals = {{"local_sample_bytes", 1e6}, {"local_sample_ns", 1e8}};
+  Values extra_stager;
+  std::string host = "n1";
+  // 14 one-second samples (of the tier) sum to 2,000,000 of its 2,400,000
+  // bytes: the last 0.5 s holds the other 400,000.
+  std::string series =
+      "\"series\":{\"interval_s\":1,\"served\":[{\"name\":\"ssd\",\"kind\":\"tier\",\"bytes\":["
+      "40000,40000,40000,40000,40000,40000,40000,40000,40000,40000,400000,400000,400000,"
+      "400000]},{\"name\":\"pfs\",\"kind\":\"pfs\",\"bytes\":[60000,60000,60000,60000,60000,"
+      "60000,60000,60000,60000,60000,0,0,0,0]},{\"name\":\"stager\",\"kind\":\"copy\","
+      "\"bytes\":[112500,112500,112500,112500,112500,112500,112500,112500,0,0,0,0,0,0]}],"
+      "\"cached\":[{\"name\":\"ssd\",\"kind\":\"tier\",\"bytes\":[125000,250000,375000,500000,"
+      "625000,750000,875000,1000000,1000000,1000000,1000000,1000000,1000000,1000000]}]}";
+
+  std::string json() const {
+    Values tj = extra_totals, ts = extra_stager;
+    for (const Epoch& e : epochs) {
+      for (auto& [k, v] : e.job) tj[k] += v;
+      for (auto& [k, v] : e.stager) ts[k] += v;
+    }
+    std::ostringstream o;
+    o << "{\"schema\":\"monarch-stats/1\",\"complete\":" << (complete ? "true" : "false")
+      << ",\"job\":\"job42\",\"host\":\"" << host << "\",\"user\":\"u\",\"dataset\":\"/pfs/d\","
+      << "\"elapsed_s\":14.5,\"settings\":{\"copy_threads\":4,\"stage_ahead\":"
+      << (stage_ahead ? "true" : "false") << "},\"tiers\":[{\"name\":\"ssd\",\"dir\":\"/t\","
+      << "\"quota\":" << uint64_t(quota) << ",\"used\":" << uint64_t(cached)
+      << ",\"full\":false}],\"index\":{\"files\":100,\"bytes\":1000000},\"cached\":{\"files\":"
+      << uint64_t(cached / 1e4) << ",\"bytes\":" << uint64_t(cached) << ",\"fill_seconds\":" << fill
+      << "},\"totals\":" << counters(tj, ts) << ",\"epochs\":[";
+    for (size_t i = 0; i < epochs.size(); ++i)
+      o << (i ? "," : "") << "{\"number\":" << i + 1
+        << ",\"complete\":true,\"start_s\":" << epochs[i].start << ",\"end_s\":" << epochs[i].end
+        << ",\"counters\":" << counters(epochs[i].job, epochs[i].stager) << "}";
+    o << "]," << series << "}";
+    return o.str();
+  }
+};
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(ReportFigures, TrafficAvoidedTotalAndPerEpoch) {
+  Figures f = figures(Job().json());
+  // Without Monarch 300 opens, 600 reads, 3,000,000 bytes; with it the job's
+  // 60/120/600,000 plus the stager's 100/150/900,000.
+  EXPECT_DOUBLE_EQ(f.total.opens, 300);
+  EXPECT_DOUBLE_EQ(f.total.pfs_opens, 160);
+  EXPECT_DOUBLE_EQ(f.total.pfs_reads, 270);
+  EXPECT_DOUBLE_EQ(f.total.pfs_bytes, 1.5e6);
+  EXPECT_DOUBLE_EQ(f.total.hit(), 0.8);  // 2,400,000 of 3,000,000
+  EXPECT_DOUBLE_EQ(f.total.read_hit(), 480.0 / 600);
+  ASSERT_EQ(f.epochs.size(), 3u);
+  EXPECT_FALSE(f.epochs[0].steady);  // the stager copied in it
+  EXPECT_TRUE(f.epochs[1].steady);
+  EXPECT_DOUBLE_EQ(f.epochs[0].traffic.hit(), 0.4);
+  EXPECT_DOUBLE_EQ(f.epochs[2].seconds, 2.5);
+  std::string text = summary_text(Job().json());
+  EXPECT_TRUE(has(text,
+                  "avoided 46.7% of opens (140), 55.0% of reads (330), 50.0% of bytes "
+                  "(1.4 MiB)"))
+      << text;
+  // Epoch 1: the PFS saw 160 opens for the job's 100: the stager copied ahead.
+  EXPECT_TRUE(has(text,
+                  "avoided -60.0% of opens (60 more: copies ahead), -35.0% of reads "
+                  "(70 more: copies ahead), -50.0% of bytes (488.3 KiB more: copies "
+                  "ahead)"))
+      << text;
+  EXPECT_TRUE(has(text, "epoch 2: 2.00 s, local 100.0%, 488.3 KiB/s; PFS 0 opens")) << text;
+  EXPECT_TRUE(has(text,
+                  "PFS with Monarch: 160 opens, 270 reads, 1.4 MiB (the job 60, 120, "
+                  "585.9 KiB; the stager's copies 100, 150, 878.9 KiB)"))
+      << text;
+}
+
+TEST(ReportFigures, ComputeBoundByTheRoofline) {
+  Verdict v = figures(Job().json()).verdict;
+  EXPECT_EQ(v.B2_source, "fill");
+  EXPECT_DOUBLE_EQ(v.B2, 125000);  // (900,000 + 100,000) / 8 s
+  EXPECT_DOUBLE_EQ(v.C, 450000);   // median of 500,000 and 400,000
+  EXPECT_DOUBLE_EQ(v.B1, 1e7);     // 1,000,000 bytes in 0.1 s
+  EXPECT_NEAR(v.h_needed, 1 - 125000.0 / 450000, 1e-12);
+  EXPECT_NEAR(v.capacity_needed, 1e6 * (1 - 125000.0 / 450000), 1e-6);
+  EXPECT_EQ(v.bound, "compute");
+  EXPECT_EQ(v.C_epochs, (std::vector<int>{2, 3}));
+  EXPECT_DOUBLE_EQ(v.quota, 2e6);
+  // Epoch 1 ran at 100,000 B/s, 4.5x slower; its 1,500,000 PFS bytes take 12 s at B2.
+  EXPECT_EQ(v.first_epoch,
+            "epoch 1 (the fill) ran at 97.7 KiB/s, 4.5x as long as a fully cached epoch: bound by "
+            "the PFS");
+  std::string text = summary_text(Job().json());
+  EXPECT_TRUE(has(text, "h* = max(0, 1 - B2/C) = 72.2%")) << text;
+  EXPECT_TRUE(has(text,
+                  "local capacity for a compute-bound job: 705.3 KiB (72.2% of the "
+                  "dataset); configured: 1.9 MiB (enough)"))
+      << text;
+  Job small;
+  small.quota = 5e5;
+  EXPECT_TRUE(has(summary_text(small.json()), "(short by 217.0 KiB)"));
+}
+
+TEST(ReportFigures, LocalTierBound) {
+  Job j;
+  j.extra_totals = {{"local_sample_bytes", 5e5}, {"local_sample_ns", 1e9}};  // B1 = 500,000
+  Verdict v = figures(j.json()).verdict;
+  EXPECT_EQ(v.bound, "local tier");  // C/B1 = 0.9
+  EXPECT_TRUE(has(v.reason, "spent 90.0% of the time in local reads")) << v.reason;
+}
+
+TEST(ReportFigures, PfsBoundWhenTooLittleIsCached) {
+  Job j;
+  j.fill = 40;  // B2 = 25,000: h* = 1 - 25,000/450,000 = 94.4%
+  j.cached = 5e5;
+  Verdict v = figures(j.json()).verdict;
+  EXPECT_EQ(v.bound, "pfs");
+  EXPECT_TRUE(has(v.reason, "only 50.0% of the dataset is cached, 94.4% is needed")) << v.reason;
+}
+
+// Half the dataset fits: no fully cached epoch, so C is unknown; the steady
+// epochs still show whether the PFS set their pace.
+Job half(double seconds) {
+  Job j;
+  j.cached = 5e5;
+  for (int e = 1; e < 3; ++e)
+    j.epochs[e] = {j.epochs[e - 1].end,
+                   j.epochs[e - 1].end + seconds,
+                   {{"opens", 100},
+                    {"reads", 200},
+                    {"bytes", 1e6},
+                    {"tier_reads", 100},
+                    {"tier_bytes", 5e5},
+                    {"pfs_opens", 50},
+                    {"pfs_reads", 100},
+                    {"pfs_bytes", 5e5}},
+                   {}};
+  return j;
+}
+
+TEST(ReportFigures, WithoutACachedEpochThePfsStillShows) {
+  Verdict v = figures(half(4.5).json()).verdict;  // 500,000 at 125,000 B/s: 4 s of 4.5
+  EXPECT_EQ(v.bound, "pfs");
+  EXPECT_DOUBLE_EQ(v.C, 0);
+  EXPECT_LT(v.h_needed, 0);
+  EXPECT_TRUE(has(v.reason, "how much cannot be decided without a fully cached epoch")) << v.reason;
+  v = figures(half(20).json()).verdict;  // 4 s of 20: the PFS is no bottleneck
+  EXPECT_EQ(v.bound, "compute");
+  std::string r = report_json(half(4.5).json());
+  EXPECT_TRUE(has(r, "\"h_needed\":null,\"capacity_needed\":null")) << r;
+}
+
+TEST(ReportFigures, UndecidedSaysWhat) {
+  Job j;
+  j.epochs.resize(1);
+  Verdict v = figures(j.json()).verdict;
+  EXPECT_EQ(v.bound, "undecided");
+  EXPECT_TRUE(has(v.reason, "the job's own rate C is unknown")) << v.reason;
+  EXPECT_TRUE(has(summary_text(j.json()), "verdict: undecided - no steady epoch"));
+}
+
+TEST(ReportFigures, PfsRateSources) {
+  Job j;
+  j.stage_ahead = false;  // copies only on request: the fill time is the job's
+  Verdict v = figures(j.json()).verdict;
+  EXPECT_EQ(v.B2_source, "stager reads");
+  EXPECT_DOUBLE_EQ(v.B2, 1e6);  // 900,000 bytes in 3.6 s over 4 threads
+  for (Epoch& e : j.epochs) e.stager.clear();
+  v = figures(j.json()).verdict;
+  EXPECT_EQ(v.B2_source, "job reads");
+  EXPECT_DOUBLE_EQ(v.B2, 1e5);  // 600,000 bytes in 6 s
+}
+
+TEST(ReportFigures, FallbacksInPlainWords) {
+  Job j;
+  j.complete = false;
+  j.extra_stager = {{"noroom", 12}, {"tier_full", 1}};
+  j.extra_totals["fb_wait"] = 3;
+  std::string text = summary_text(j.json());
+  EXPECT_TRUE(has(text, "[incomplete]"));
+  EXPECT_TRUE(has(text, "note: the statistics are incomplete"));
+  EXPECT_TRUE(has(text,
+                  "note: 12 files did not fit on any tier (ssd 976.6 KiB of 1.9 MiB): read "
+                  "from the PFS in every epoch"))
+      << text;
+  EXPECT_TRUE(has(text, "note: 3 reads did not wait for a copy that made no progress")) << text;
+  EXPECT_TRUE(has(text, "note: 1 times a tier's file system ran out of space")) << text;
+  // Every fb_* counter of counters.h is told, whatever its name.
+#define MONARCH_TEST_FB(name, n, meaning)                                           \
+  if (std::string(#name).rfind("fb_", 0) == 0) {                                    \
+    Job k;                                                                          \
+    k.extra_totals[#name] = 5;                                                      \
+    bool found = false;                                                             \
+    for (const Fallback& fb : figures(k.json()).fallbacks)                          \
+      found |= fb.counter == #name && fb.count == 5 && fb.text.rfind("5 ", 0) == 0; \
+    EXPECT_TRUE(found) << #name;                                                    \
+  }
+  MONARCH_PROCESS_COUNTERS(MONARCH_TEST_FB)
+#undef MONARCH_TEST_FB
+}
+
+pt::ptree tree(const std::string& json) {
+  pt::ptree t;
+  std::istringstream in(json);
+  pt::read_json(in, t);
+  return t;
+}
+
+TEST(ReportJson, SchemaKeysAndTheStatisticsEmbedded) {
+  std::string stats = Job().json(), r = report_json(stats);
+  pt::ptree t = tree(r);
+  EXPECT_EQ(t.get<std::string>("schema"), "monarch-report/1");
+  for (const char* key : {"job",
+                          "host",
+                          "user",
+                          "dataset",
+                          "complete",
+                          "elapsed_s",
+                          "dataset_files",
+                          "dataset_bytes",
+                          "cached.fraction",
+                          "tiers",
+                          "total.avoided.bytes_fraction",
+                          "epochs",
+                          "fallbacks",
+                          "verdict.bound",
+                          "verdict.B1",
+                          "verdict.B2",
+                          "verdict.B2_source",
+                          "verdict.C",
+                          "verdict.h_needed",
+                          "verdict.capacity_needed",
+                          "verdict.quota",
+                          "verdict.b_ratio",
+                          "verdict.c_ratio",
+                          "stats.totals"})
+    EXPECT_TRUE(t.get_child_optional(key)) << key;
+  EXPECT_EQ(t.get<double>("total.avoided.opens"), 140);
+  EXPECT_EQ(t.get<double>("total.stager_pfs_reads"), 150);
+  EXPECT_EQ(t.get<double>("verdict.B2"), 125000);
+  EXPECT_EQ(t.get<double>("verdict.b_ratio"), 80);  // 1e7 / 125,000
+  EXPECT_EQ(t.get<double>("verdict.c_ratio"), 2);
+  EXPECT_EQ(t.get_child("epochs").front().second.get<double>("traffic.avoided.bytes"), -5e5);
+  EXPECT_EQ(stats_of(r), stats);
+  EXPECT_EQ(summary_text(r), summary_text(stats));
+  // Pretty-printed (every value a string, as ptree writes it) still reads.
+  std::ostringstream pretty;
+  pt::write_json(pretty, t, true);
+  EXPECT_EQ(summary_text(pretty.str()), summary_text(stats));
+}
+
+TEST(ReportSvg, EpochsLegendAndTheLastPartialInterval) {
+  std::string svg = report_svg(Job().json());
+  EXPECT_TRUE(has(svg, "end of epoch 2"));
+  EXPECT_TRUE(has(svg, "epoch 3: 100.0% local"));
+  EXPECT_TRUE(has(svg, "from tier ssd"));
+  EXPECT_TRUE(has(svg, "cached fraction (right axis)"));
+  EXPECT_TRUE(has(svg, "Monarch: job job42 on n1"));
+  // The last 0.5 s is not a sample: 400,000 bytes in it draw 800,000 B/s
+  // (781.25 KiB/s, y = 474 - 390 * 781.25 / 800 = 93.1) from 14 s (x = 988.6)
+  // to the plot's right edge (x = 1020). The y axis tops at 800 KiB/s.
+  EXPECT_TRUE(has(svg, "988.6,93.1 1020.0,93.1")) << svg;
+  EXPECT_TRUE(has(svg, ">800.0 KiB/s<")) << svg;
+}
+
+TEST(ReportErrors, OneClearMessage) {
+  auto message = [](const std::string& json) {
+    try {
+      summary_text(json);
+    } catch (const ReportError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string stats = Job().json();
+  EXPECT_TRUE(has(message(stats.substr(0, 300)), "not valid JSON"))
+      << message(stats.substr(0, 300));
+  EXPECT_TRUE(has(message("{\"a\":1}"), "not Monarch statistics"));
+  EXPECT_TRUE(has(message("[1,2]"), "not Monarch statistics"));
+  EXPECT_TRUE(has(message("{\"schema\":\"monarch-stats/1\"}"), "truncated"));
+  EXPECT_TRUE(has(message("  \n"), "the file is empty"));
+  EXPECT_TRUE(has(message("{\"schema\":\"monarch-stats/2\"}"), "another version of Monarch"));
+  EXPECT_TRUE(has(message("{\"schema\":\"monarch-report/1\"}"), "without its statistics"));
+  std::string odd = stats;  // wrong types are no crash
+  odd.replace(odd.find("\"epochs\":["), 10, "\"epochs\":5,\"x\":[");
+  EXPECT_EQ(message(odd), "(no error)");
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(WriteReports, ThreeFilesAtomicallyAndOnePerHost) {
+  char tmpl[] = "/tmp/monarch-report-test-XXXXXX";
+  ASSERT_TRUE(mkdtemp(tmpl));
+  std::string dir = tmpl;
+  std::vector<std::string> paths = write_reports(Job().json(), dir);
+  EXPECT_EQ(paths,
+            (std::vector<std::string>{dir + "/monarch-job42.txt", dir + "/monarch-job42.json",
+                                      dir + "/monarch-job42.svg"}));
+  EXPECT_EQ(slurp(paths[0]), summary_text(Job().json()));
+  EXPECT_EQ(stats_of(slurp(paths[1])), Job().json());
+  EXPECT_EQ(paths, write_reports(Job().json(), dir));  // the same host again: replaced
+  Job other;
+  other.host = "n2";
+  EXPECT_EQ(write_reports(other.json(), dir)[1], dir + "/monarch-job42-n2.json");
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') names.push_back(e->d_name);
+  closedir(d);
+  EXPECT_EQ(names.size(), 6u) << "temporary files left behind?";
+  for (const std::string& n : names) unlink((dir + "/" + n).c_str());
+  rmdir(dir.c_str());
+  try {
+    write_reports(Job().json(), dir + "/missing");
+    ADD_FAILURE() << "wrote into a missing directory";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(has(e.what(), dir + "/missing: No such file or directory")) << e.what();
+  }
+  EXPECT_THROW(write_reports("{}", "/tmp"), ReportError);
+}
+
+TEST(Explain, EveryCounterWithItsMeaning) {
+  std::string text = explain_text();
+#define MONARCH_TEST_EXPLAIN(name, n, meaning) \
+  EXPECT_TRUE(has(text, std::string(#name) + ": " + meaning));
+  MONARCH_PROCESS_COUNTERS(MONARCH_TEST_EXPLAIN)
+#undef MONARCH_TEST_EXPLAIN
+#define MONARCH_TEST_EXPLAIN_S(name, meaning) EXPECT_TRUE(has(text, "stager." #name ": " meaning));
+  MONARCH_STAGER_COUNTERS(MONARCH_TEST_EXPLAIN_S)
+#undef MONARCH_TEST_EXPLAIN_S
+}
+
+}  // namespace
+}  // namespace monarch
