@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""monarch-report on real jobs: its counts agree with independent counts (the
-PFS's own, a counting FUSE mount; the readers' system calls, strace), its
-picture renders in headless Chromium, a killed stager still gives a report,
-and bad input gets one clear line."""
+"""monarch-report on real jobs: its counts agree within 1% with independent
+counts (the PFS's own: a counting FUSE mount; the readers' system calls:
+strace), its picture renders in headless Chromium, a killed stager still gives
+a report, job ids are found where the Slurm epilog writes reports, and bad
+input gets one clear line. Standard library only (Debian's /usr/bin/python3)."""
 import json
 import os
 import re
@@ -17,8 +18,8 @@ import unittest
 import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
-from harness import (BUILD, PY, READER, SMALL, STAGER, Case, Pfs, dataset, read_dataset,  # noqa
-                     run, stager_pids, tier)
+from harness import (BUILD, LIBRARY, PY, READER, SMALL, STAGER, Case, Pfs, dataset,  # noqa: E402
+                     dataset_bytes, epoch_deltas, parse_epochs, read_dataset, run, tier)
 
 REPORT = os.path.join(BUILD, "stager", "monarch-report")
 CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -26,8 +27,8 @@ CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disabl
             "--disable-sync"]
 
 
-def report(*args, check=True):
-    p = subprocess.run([REPORT, *args], capture_output=True, text=True)
+def report(*args, check=True, **kw):
+    p = subprocess.run([REPORT, *args], capture_output=True, text=True, **kw)
     if check and p.returncode != 0:
         raise AssertionError(f"monarch-report {args} exited {p.returncode}: {p.stderr}")
     return p
@@ -38,21 +39,22 @@ def png_pixels(path):
     with open(path, "rb") as f:
         data = f.read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    pos, idat, width = 8, b"", 0
+    pos, idat, width, height, bpp = 8, b"", 0, 0, 3
     while pos < len(data):
         n, kind = struct.unpack(">I4s", data[pos:pos + 8])
         body = data[pos + 8:pos + 8 + n]
         if kind == b"IHDR":
-            width, height, depth, color = struct.unpack(">IIBB", body[:10])
-            assert depth == 8 and color in (2, 6), f"PNG depth {depth} color {color}"
+            width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and color in (2, 6) and not interlace, f"PNG {depth}/{color}"
             bpp = 3 if color == 2 else 4
         elif kind == b"IDAT":
             idat += body
         pos += 12 + n
-    raw, rows, prev = zlib.decompress(idat), [], bytearray(width * bpp)
-    stride = width * bpp
+    raw, rows, stride = zlib.decompress(idat), [], width * bpp
+    prev = bytearray(stride)
     for y in range(height):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        kind = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
         for i in range(stride):
             a = line[i - bpp] if i >= bpp else 0
             b, c = prev[i], prev[i - bpp] if i >= bpp else 0
@@ -72,126 +74,242 @@ def png_pixels(path):
 
 
 def strace_counts(trace, root):
-    """Opens of files (not directories), read calls and bytes under `root`,
-    from `strace -f -y`."""
+    """Per process-lifetime totals from `strace -f -y`: opens of files (not
+    directories) under `root`, read calls on descriptors of files under it, and
+    the bytes those returned."""
     opens = reads = nbytes = 0
     with open(trace) as f:
-        lines = f.read().splitlines()
-    for line in lines:
-        m = re.search(r"openat\(AT_FDCWD<[^>]*>, \"([^\"]+)\".*= (\d+)<", line)
-        if m and m.group(1).startswith(root + "/") and "O_DIRECTORY" not in line:
-            opens += 1
-            continue
-        m = re.search(r"\b(read|pread64)\(\d+<([^>]+)>, .* = (\d+)$", line)
-        if m and m.group(2).startswith(root + "/"):
-            reads += 1
-            nbytes += int(m.group(3))
+        for line in f:
+            m = re.search(r"openat\(AT_FDCWD<[^>]*>, \"([^\"]+)\".*= (\d+)<", line)
+            if m and m.group(1).startswith(root + "/") and "O_DIRECTORY" not in line:
+                opens += 1
+                continue
+            m = re.search(r"\b(read|pread64)\(\d+<([^>]+)>, .* = (\d+)$", line.rstrip())
+            if m and m.group(2).startswith(root + "/"):
+                reads += 1
+                nbytes += int(m.group(3))
     return opens, reads, nbytes
 
 
-class Report(Case):
+class Base(Case):
     @classmethod
     def setUpClass(cls):
         cls.root = dataset("small", **SMALL)
 
-    def test_counts_agree_with_the_pfs_and_with_strace(self):
+    def close(self, got, want, what):
+        self.assertGreater(want, 0, what)
+        self.assertLessEqual(abs(got - want), 0.01 * want,
+                             f"{what}: report {got}, independent count {want}")
+
+    def job_with_pfs(self, pfs, conf, out, counts=None):
+        """The reader without Monarch under strace (what the job asks for),
+        then the same reader through monarch-run. Returns the strace totals,
+        the PFS's counters before and after the Monarch run, and its epochs."""
+        trace = os.path.join(os.path.dirname(out), "trace")
+        args = [PY, READER, pfs.dataset, "--mode", "read", "--epochs", "3"]
+        run(["strace", "-f", "-qq", "-y", "-e", "trace=openat,read,pread64", "-e",
+             "signal=none", "-o", trace] + args)
+        asked = strace_counts(trace, pfs.dataset)
+        before = pfs.counts()
+        p = run(args + (["--counts", counts] if counts else []),
+                monarch=["--dataset", pfs.dataset, "--config", conf, "--report", out])
+        return asked, before, pfs.counts(), parse_epochs(p.stdout)
+
+    def pfs_setup(self):
         t = tier(self)
         conf = os.path.join(t, "monarch.conf")
         with open(conf, "w") as f:  # 128 KiB blocks: one FUSE request per read, as counted
-            f.write(f"[tier.ssd]\npath = {t}\nquota = 100%\nblock_size = 128K\n")
-        out = os.path.join(t, "stats.json")
+            f.write(f"[tier.ssd]\npath = {t}\nquota = 1G\nblock_size = 128K\n")
+        return conf, os.path.join(t, "stats.json")
+
+
+class Report(Base):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = dataset("small", **SMALL)
+        cls.size = dataset_bytes(cls.root)
+        # One real 3-epoch job on a 1 GiB tier, shared by the tests that only
+        # need a real job's statistics.
+        cls.tmp = tempfile.mkdtemp(prefix="monarch-report-test-")
+        os.chmod(cls.tmp, 0o1777)
+        cls.stats = os.path.join(cls.tmp, "R.json")
+        os.mkdir(os.path.join(cls.tmp, "tier"))
+        _, cls.job = read_dataset(cls.root, "read", monarch=[
+            "--dataset", cls.root, "--tier", os.path.join(cls.tmp, "tier") + ":1G",
+            "--report", cls.stats])
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_counts_agree_with_the_pfs_and_with_strace(self):
+        conf, out = self.pfs_setup()
         with Pfs(self.root) as pfs:
-            # What the readers ask for: the same reader, without Monarch, under strace.
-            trace = os.path.join(t, "trace")
-            args = [PY, READER, pfs.dataset, "--mode", "read", "--epochs", "3"]
-            run(["strace", "-f", "-qq", "-y", "-e", "trace=openat,read,pread64", "-e",
-                 "signal=none", "-o", trace] + args)
-            want_opens, want_reads, want_bytes = strace_counts(trace, pfs.dataset)
-            before = pfs.counts()
-            run(args, monarch=["--dataset", pfs.dataset, "--config", conf, "--report", out])
-            after = pfs.counts()
-        with open(out) as f:
-            r = json.loads(report("--json", out).stdout)
+            (opens, reads, nbytes), before, after, _ = self.job_with_pfs(pfs, conf, out)
+        r = json.loads(report("--json", out).stdout)
         total = r["total"]
-        self.assertGreater(total["local_bytes"], 0)
-
-        def close(got, want, what):
-            self.assertGreater(want, 0, what)
-            self.assertLessEqual(abs(got - want), 0.01 * want, f"{what}: report {got}, independent {want}")
-
-        close(total["opens"], want_opens, "opens asked by the job (strace)")
-        close(total["reads"], want_reads, "reads asked by the job (strace)")
-        close(total["bytes"], want_bytes, "bytes asked by the job (strace)")
-        close(total["pfs_opens"], after["opens"] - before["opens"], "opens at the PFS (FUSE)")
-        close(total["pfs_reads"], after["reads"] - before["reads"], "reads at the PFS (FUSE)")
-        close(total["pfs_bytes"], after["bytes"] - before["bytes"], "bytes at the PFS (FUSE)")
         self.assertEqual(len(r["epochs"]), 3)
+        self.assertGreater(total["local_bytes"], 0)
+        self.close(total["opens"], opens, "opens asked by the job (strace)")
+        self.close(total["reads"], reads, "reads asked by the job (strace)")
+        self.close(total["bytes"], nbytes, "bytes asked by the job (strace)")
+        self.close(total["pfs_opens"], after["opens"] - before["opens"], "opens at the PFS (FUSE)")
+        self.close(total["pfs_reads"], after["reads"] - before["reads"], "reads at the PFS (FUSE)")
+        self.close(total["pfs_bytes"], after["bytes"] - before["bytes"], "bytes at the PFS (FUSE)")
+        # The same figures in the summary.
+        text = report(out).stdout
+        self.assertIn(f"PFS with Monarch: {total['pfs_opens']} opens, {total['pfs_reads']} reads",
+                      text)
 
     def test_picture_renders_in_chromium(self):
-        t = tier(self)
-        stats = os.path.join(t, "stats.json")
-        read_dataset(self.root, "read", monarch=["--dataset", self.root, "--tier", t,
-                                                 "--report", stats])
-        outdir = os.path.join(t, "out")
+        self.assertIn("monarch: job ", self.job.stderr, "monarch-run prints the summary")
+        outdir = os.path.join(self.tmp, "out")
         os.mkdir(outdir)
-        written = report("--write", outdir, stats).stdout.split()
+        written = report("--write", outdir, self.stats).stdout.split()
         self.assertEqual([os.path.splitext(p)[1] for p in written], [".txt", ".json", ".svg"])
-        svg = written[2]
-        shot = os.path.join(t, "shot.png")
+        self.assertEqual(sorted(os.listdir(outdir)), sorted(map(os.path.basename, written)))
+        with open(written[2]) as f:
+            svg = f.read()
+        for outside in ("<script", "href", "@import", "url("):
+            self.assertNotIn(outside, svg, "the picture must be self-contained")
+        self.assertIn("end of epoch 3", svg)
+        shot = os.path.join(self.tmp, "shot.png")
         profile = tempfile.mkdtemp(prefix="monarch-chromium-")
         self.addCleanup(shutil.rmtree, profile, True)
         subprocess.run(CHROMIUM + [f"--user-data-dir={profile}", f"--screenshot={shot}",
-                                   "--window-size=1100,540", "file://" + svg],
+                                   "--window-size=1200,800", "file://" + written[2]],
                        capture_output=True, timeout=120, check=True)
         width, height, rows = png_pixels(shot)
-        # The plot area (inside the axes) holds colored areas, not just white.
-        plot = [px for row in rows[80:450] for px in row[120:1000]]
+        self.assertEqual((width, height), (1200, 800))
+        # Inside the axes (x 110-1020, y 84-474): colored areas, not white.
+        plot = [px for row in rows[90:470] for px in row[115:1015]]
         colored = sum(1 for (r, g, b) in plot if max(r, g, b) - min(r, g, b) > 40)
         self.assertGreater(colored / len(plot), 0.05, "the plot is (nearly) empty")
+        # The tier's teal (#2a9d8f at 85% over white) is there.
+        teal = sum(1 for (r, g, b) in plot if abs(r - 74) < 20 and abs(g - 170) < 20
+                   and abs(b - 158) < 20)
+        self.assertGreater(teal, 1000, "no bytes from the tier drawn")
 
     def test_killed_stager_still_gives_a_report(self):
         t = tier(self)
-        job = "killed"
-        stager = subprocess.Popen([STAGER, "--dataset", self.root, "--job", job, "--tier", t])
+        job = "k9"
+        stager = subprocess.Popen([STAGER, "--dataset", self.root, "--job", job, "--tier",
+                                   t + ":1G"])
         jobdir = os.path.join(t, "monarch-" + job)
         for _ in range(200):
             if os.path.exists(os.path.join(jobdir, "ctl.sock")):
                 break
             time.sleep(0.05)
-        env = {"LD_PRELOAD": os.path.join(BUILD, "interpose", "libmonarch_interpose.so"),
-               "MONARCH_DATASET": self.root, "MONARCH_JOB_DIR": jobdir}
+        env = {"LD_PRELOAD": LIBRARY, "MONARCH_DATASET": self.root, "MONARCH_JOB_DIR": jobdir}
         read_dataset(self.root, "read", epochs=1, env=env)
-        time.sleep(5.5)  # one periodic flush of the statistics
+        time.sleep(5.5)  # more than the 5 s between flushes of the statistics
         stager.send_signal(signal.SIGKILL)
         stager.wait()
-        text = report(os.path.join(jobdir, "stats.json")).stdout
+        out = os.path.join(t, "out")
+        os.mkdir(out)
+        txt, rep, svg = report("--write", out, os.path.join(jobdir, "stats.json")).stdout.split()
+        with open(txt) as f:
+            text = f.read()
         self.assertIn("[incomplete]", text)
         self.assertIn("the statistics are incomplete", text)
         self.assertRegex(text, r"read \d+\.\d \w+ in [1-9]\d* opens")
+        with open(rep) as f:
+            self.assertFalse(json.load(f)["complete"])
+        with open(svg) as f:
+            self.assertIn("incomplete statistics", f.read())
+
+    def test_job_ids_and_nodes(self):
+        # Reports as the Slurm epilog writes them: job key job<ID>, one
+        # directory for every node of the job.
+        with open(self.stats) as f:
+            stats = json.load(f)
+        d = tempfile.mkdtemp(prefix="monarch-reports-")
+        self.addCleanup(shutil.rmtree, d, True)
+        for host in ("node1", "node2"):
+            stats.update(job="job4242", host=host)
+            path = os.path.join(d, f"stats-{host}.json")
+            with open(path, "w") as f:
+                json.dump(stats, f)
+            report("--write", d, path)
+        self.assertTrue(os.path.exists(os.path.join(d, "monarch-job4242.json")))
+        self.assertTrue(os.path.exists(os.path.join(d, "monarch-job4242-node2.svg")))
+        text = report("4242", cwd=d).stdout
+        self.assertEqual(len(re.findall(r"^monarch: job job4242 on node\d", text, re.M)), 2, text)
+        env = dict(os.environ, MONARCH_REPORT_DIR=d)
+        lines = report("--json", "job4242", cwd="/", env=env).stdout.splitlines()
+        self.assertEqual([json.loads(x)["host"] for x in lines], ["node1", "node2"])
+        self.assertEqual(report("--svg", os.path.join(d, "x.svg"), "4242", cwd="/", env=env,
+                                check=False).returncode, 1, "several nodes: name one")
+        report("--svg", os.path.join(d, "x.svg"), os.path.join(d, "monarch-job4242.json"))
+        with open(os.path.join(d, "x.svg")) as f:
+            self.assertIn("<svg", f.read())
 
     def test_bad_input_one_clear_line(self):
         d = tempfile.mkdtemp(prefix="monarch-bad-")
         self.addCleanup(shutil.rmtree, d, True)
-        good = os.path.join(d, "good.json")
-        read_dataset(self.root, "read", epochs=1,
-                     monarch=["--dataset", self.root, "--tier", tier(self), "--report", good])
-        truncated, foreign = os.path.join(d, "truncated.json"), os.path.join(d, "foreign.json")
-        with open(good) as f, open(truncated, "w") as g:
-            g.write(f.read()[:400])
-        with open(foreign, "w") as f:
-            json.dump({"name": "something else"}, f)
-        cases = {os.path.join(d, "missing.json"): "cannot read: No such file or directory",
-                 truncated: "not valid JSON", foreign: "not Monarch statistics",
-                 "424242": "no report for job 424242: no monarch-job424242.json"}
+        with open(self.stats) as f:
+            good = f.read()
+        files = {"truncated.json": good[:400], "foreign.json": '{"a": 1}', "empty.json": "",
+                 "newer.json": '{"schema": "monarch-stats/2"}'}
+        for name, text in files.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
+        p = lambda n: os.path.join(d, n)  # noqa: E731
+        cases = {p("missing.json"): p("missing.json") + ": cannot read: No such file or directory",
+                 p("truncated.json"): p("truncated.json") + ": not valid JSON",
+                 p("foreign.json"): p("foreign.json") + ": not Monarch statistics",
+                 p("empty.json"): p("empty.json") + ": not valid JSON: the file is empty",
+                 p("newer.json"): p("newer.json") + ": schema \"monarch-stats/2\" is from another",
+                 d: d + ": cannot read: Is a directory",
+                 "424242": "job 424242: no report: no monarch-job424242.json in the current "
+                           "directory ($MONARCH_REPORT_DIR is not set)"}
         for arg, why in cases.items():
-            p = subprocess.run([REPORT, arg], capture_output=True, text=True, cwd=d,
-                               env=dict(os.environ, MONARCH_REPORT_DIR=""))
-            self.assertEqual(p.returncode, 1, arg)
-            self.assertEqual(p.stdout, "", arg)
-            lines = p.stderr.splitlines()
-            self.assertEqual(len(lines), 1, p.stderr)
-            self.assertIn(why, lines[0])
-        self.assertEqual(report(check=False).returncode, 2)  # usage
+            for args in ([arg], ["--json", arg]):
+                r = subprocess.run([REPORT, *args], capture_output=True, text=True, cwd=d,
+                                   env=dict(os.environ, MONARCH_REPORT_DIR=""))
+                self.assertEqual(r.returncode, 1, args)
+                self.assertEqual(r.stdout, "", args)
+                self.assertTrue(r.stderr.startswith(f"monarch-report: {why}"), r.stderr)
+                self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+        r = subprocess.run([REPORT, "424242"], capture_output=True, text=True, cwd=d,
+                           env=dict(os.environ, MONARCH_REPORT_DIR="/nonexistent"))
+        self.assertIn("in the current directory or /nonexistent ($MONARCH_REPORT_DIR)", r.stderr)
+        r = report("--write", p("no-such-dir"), self.stats, check=False)
+        self.assertEqual((r.returncode, len(r.stderr.splitlines())), (1, 1), r.stderr)
+        self.assertIn(p("no-such-dir") + ": No such file or directory", r.stderr)
+        r = report("--write", d, p("foreign.json"), check=False)
+        self.assertEqual(r.stderr, f"monarch-report: {p('foreign.json')}: not Monarch statistics "
+                                   '(no "schema": "monarch-stats/1")\n')
+        for usage in ([], ["--bogus", "x"], ["--write", d], ["a", "b"]):
+            self.assertEqual(report(*usage, check=False).returncode, 2, usage)
+
+
+class EpochCounts(Base):
+    """Apart from Report: each epoch's counts, which depend on when the
+    stager notices that an epoch ended (see the report of this test)."""
+
+    def test_counts_per_epoch(self):
+        # Each epoch reads every file once: a third of what strace saw over
+        # three epochs. The PFS's counters are snapshot by the reader after
+        # each epoch. Every mismatch is listed, with both numbers.
+        conf, out = self.pfs_setup()
+        with Pfs(self.root) as pfs:
+            (opens, reads, nbytes), before, _, epochs = self.job_with_pfs(
+                pfs, conf, out, counts=pfs.counts_file)
+        pfs_epochs = epoch_deltas(before, epochs)
+        r = json.loads(report("--json", out).stdout)
+        self.assertEqual([e["number"] for e in r["epochs"]], [1, 2, 3])
+        bad = []
+        for e, fuse in zip(r["epochs"], pfs_epochs):
+            x = e["traffic"]
+            for what, got, want in (("opens (strace / 3)", x["opens"], opens / 3),
+                                    ("reads (strace / 3)", x["reads"], reads / 3),
+                                    ("bytes (strace / 3)", x["bytes"], nbytes / 3),
+                                    ("PFS opens (FUSE)", x["pfs_opens"], fuse["opens"]),
+                                    ("PFS bytes (FUSE)", x["pfs_bytes"], fuse["bytes"])):
+                if abs(got - want) > 0.01 * want or (want == 0 and got != 0):
+                    bad.append(f"epoch {e['number']} {what}: report {got}, independent {want:.0f}")
+        self.assertEqual(bad, [])
 
 
 if __name__ == "__main__":
