@@ -242,16 +242,8 @@ std::string b2_words(const Verdict& v) {
   return "the PFS delivered " + rate(v.B2) + " (B2, " + how + ")";
 }
 
-Verdict verdict(const pt::ptree& t, const Figures& f) {
-  Verdict v;
-  const pt::ptree& c = t.get_child("totals");
-  v.S = f.dataset_bytes;
-  v.h = v.S > 0 ? std::min(1.0, f.cached_bytes / v.S) : 0;
-  for (const Figures::Tier& tier : f.tiers) v.quota += tier.quota;
-  double ls_ns = num(c, pkey(c_local_sample_ns));
-  if (ls_ns > 0) v.B1 = num(c, pkey(c_local_sample_bytes)) / ls_ns * 1e9;
-  pfs_rate(t, f, v);
-
+// C and its source, as report.h defines them.
+void consumption_rate(const Figures& f, Verdict& v) {
   std::vector<std::pair<double, int>> cached;  // (rate, epoch) of fully local steady epochs
   const EpochFigures* partial = nullptr;       // the last steady epoch that read the PFS
   for (const EpochFigures& e : f.epochs) {
@@ -267,82 +259,88 @@ Verdict verdict(const pt::ptree& t, const Figures& f) {
     v.C = cached.size() % 2 ? cached[m].first : (cached[m - 1].first + cached[m].first) / 2;
     for (auto& [r, n] : cached) v.C_epochs.push_back(n);
     std::sort(v.C_epochs.begin(), v.C_epochs.end());
+    std::string list;
+    for (int n : v.C_epochs) list += (list.empty() ? "" : ", ") + std::to_string(n);
+    v.C_source = "cached epochs";
+    v.C_words = "fully cached epochs (" + list + ") consumed " + rate(v.C) + " (C)";
+    return;
   }
+  if (!partial) return;
+  v.pfs_wait_epoch = partial->number;
+  double wait = partial->traffic.job_pfs_read_ns / 1e9, T = partial->seconds;
+  v.pfs_wait_share = wait / T;
+  std::string e = "epoch " + std::to_string(partial->number);
+  v.C_words = e + " read " + pct(1 - partial->traffic.hit(), 1) + " of its bytes from the PFS; " +
+              "the job's readers spent " + fmt("%.2f", wait) + " s of its " + fmt("%.2f", T) +
+              " s in PFS reads";
+  if (wait >= 0.9 * T) return;
+  v.C = partial->traffic.bytes / (T - wait);
+  v.C_epochs = {partial->number};
+  v.C_source = e + " less its PFS reads";
+  v.C_words += ", so with all its data local it would consume about " + rate(v.C) +
+               " (C, estimated: exact for readers that wait for each read, too high for "
+               "readers that overlap them, which asks for more capacity than needed)";
+}
+
+Verdict verdict(const pt::ptree& t, const Figures& f) {
+  Verdict v;
+  const pt::ptree& c = t.get_child("totals");
+  v.S = f.dataset_bytes;
+  v.h = v.S > 0 ? std::min(1.0, f.cached_bytes / v.S) : 0;
+  for (const Figures::Tier& tier : f.tiers) v.quota += tier.quota;
+  double ls_ns = num(c, pkey(c_local_sample_ns));
+  if (ls_ns > 0) v.B1 = num(c, pkey(c_local_sample_bytes)) / ls_ns * 1e9;
+  pfs_rate(t, f, v);
+  consumption_rate(f, v);
+
   if (const EpochFigures* e1 = f.epochs.empty() ? nullptr : &f.epochs[0];
-      e1 && e1->complete && e1->seconds > 0 && v.C > 0) {
+      e1 && e1->complete && e1->seconds > 0 && v.C > 0 && v.C_source == "cached epochs") {
     double ratio = e1->rate() > 0 ? v.C / e1->rate() : 0;
     v.first_epoch = "epoch 1 (the fill) ran at " + rate(e1->rate()) + ", " + fmt("%.1f", ratio) +
                     "x as long as a fully cached epoch";
     if (v.B2 > 0 && e1->traffic.pfs_bytes / v.B2 >= 0.8 * e1->seconds)
       v.first_epoch += ": bound by the PFS";
   }
-
-  std::string c_words;
-  if (v.C > 0) {
-    std::string list;
-    for (int n : v.C_epochs) list += (list.empty() ? "" : ", ") + std::to_string(n);
-    c_words = "fully cached epochs (" + list + ") consumed " + rate(v.C) + " (C)";
-  }
   if (v.C > 0 && v.B2 > 0) {
     v.h_needed = std::max(0.0, 1 - v.B2 / v.C);
     v.capacity_needed = v.h_needed * v.S;
   }
-  if (v.C > 0 && v.h + 0.01 >= v.h_needed) {  // h_needed < 0 when B2 is unknown: h >= 0.99
+  bool measured = v.C_source == "cached epochs";
+  if (v.C > 0 && v.B2 > 0 && v.h + 0.01 < v.h_needed) {
+    v.bound = "pfs";
+    v.reason = v.C_words + "; " + b2_words(v) + ": only " + pct(v.h, 1) +
+               " of the dataset is cached, " + pct(v.h_needed, 1) +
+               " is needed for the PFS to keep up";
+  } else if (v.C > 0 && (v.B2 > 0 || v.h >= 0.99)) {
     double share = v.B1 > 0 ? v.C / v.B1 : 0;
-    if (share >= 0.8) {
+    if (measured && share >= 0.8) {
       v.bound = "local tier";
-      v.reason = c_words + "; one local read runs at " + rate(v.B1) +
+      v.reason = v.C_words + "; one local read runs at " + rate(v.B1) +
                  " (B1): in those epochs the job's readers spent " + pct(share, 1) +
                  " of the time in local reads, so the local tier, not the PFS or the "
                  "computation, sets the pace";
     } else {
       v.bound = "compute";
-      v.reason = c_words + (v.B2 > 0 ? "; " + b2_words(v) : "") + ": with " + pct(v.h, 1) +
-                 " of the dataset cached (needed: " +
-                 (v.h_needed >= 0 ? pct(v.h_needed, 1) : std::string("unknown")) +
-                 "), I/O keeps up and the job is bound by its computation" +
-                 (v.B1 > 0 ? " (local reads took " + pct(share, 1) + " of the time)" : "");
+      v.reason =
+          v.C_words + (v.B2 > 0 ? "; " + b2_words(v) : "") + ": with " + pct(v.h, 1) +
+          " of the dataset cached (needed: " +
+          (v.h_needed >= 0 ? pct(v.h_needed, 1) : std::string("unknown")) +
+          "), I/O keeps up and the job is bound by its computation" +
+          (measured && v.B1 > 0 ? " (local reads took " + pct(share, 1) + " of the time)" : "");
     }
     if (v.B2 <= 0) v.reason += "; the PFS's rate was not measured (nothing read from it)";
-    return v;
-  }
-  if (v.C > 0 && v.B2 > 0) {
+  } else if (v.pfs_wait_epoch > 0) {
     v.bound = "pfs";
-    v.reason = c_words + "; " + b2_words(v) + ": only " + pct(v.h, 1) +
-               " of the dataset is cached, " + pct(v.h_needed, 1) +
-               " is needed for the PFS to keep up";
-    return v;
+    v.reason = v.C_words + ": the PFS sets the pace and more local capacity would help; how " +
+               "much cannot be decided (the job's own rate C is unknown without a fully " +
+               "cached epoch; at most the whole dataset, " + human_bytes(v.S) + ")";
+  } else {
+    v.bound = "undecided";
+    v.reason = std::string("no steady epoch (") +
+               (f.epochs.empty() ? "no epoch completed" : "the stager was copying in every epoch") +
+               "), so the job's own rate C is unknown: run at least two epochs with tiers that " +
+               "hold the dataset (" + human_bytes(v.S) + ")";
   }
-  v.bound = "undecided";
-  if (partial && v.B2 > 0) {
-    // Reading this epoch's PFS bytes at B2 takes pfs_s of its seconds.
-    double pfs_s = partial->traffic.job_pfs_bytes / v.B2;
-    std::string what = "epoch " + std::to_string(partial->number) + " read " +
-                       pct(1 - partial->traffic.hit(), 1) + " of its bytes from the PFS; at " +
-                       rate(v.B2) + " (B2) that takes " + fmt("%.2f", pfs_s) + " s of its " +
-                       fmt("%.2f", partial->seconds) + " s";
-    if (pfs_s >= 0.8 * partial->seconds) {
-      v.bound = "pfs";
-      v.reason = what + ": the PFS sets the pace and more local capacity would help; how much " +
-                 "cannot be decided without a fully cached epoch (the job's own rate C is " +
-                 "unknown; at most the whole dataset, " + human_bytes(v.S) + ")";
-    } else {
-      v.bound = "compute";
-      v.reason = what + ": the uncached part is no bottleneck; the job's own rate C is unknown " +
-                 "(no fully cached epoch)";
-      v.h_needed = -1;
-    }
-    return v;
-  }
-  // Here C is unknown (with C known, the branches above decide).
-  bool any_steady =
-      std::any_of(f.epochs.begin(), f.epochs.end(), [](const EpochFigures& e) { return e.steady; });
-  v.reason = std::string("no steady epoch was read from node-local tiers (") +
-             (f.epochs.empty() ? "no epoch completed"
-              : any_steady     ? "the PFS's rate B2 is unknown"
-                               : "the stager was copying in every epoch") +
-             "), so the job's own rate C is unknown: run at least two epochs with tiers that " +
-             "hold the dataset (" + human_bytes(v.S) + ")";
   return v;
 }
 

@@ -50,9 +50,16 @@ struct EpochFigures {
 // applied to one job. All rates in bytes/s; 0 means "not measured".
 //   S  = index.bytes, the dataset size.
 //   h  = cached.bytes / S, the fraction on node-local tiers at the end.
-//   C  = the job's consumption rate with all its data local: the median of
-//        bytes/seconds over steady epochs with local hits >= 99% (computation
-//        plus local reads; it is what the job does when the PFS is out of the way).
+//   C  = the job's consumption rate with all its data local (computation
+//        plus local reads: what the job does when the PFS is out of the way).
+//        Measured: the median of bytes/seconds over steady epochs with local
+//        hits >= 99% (C_source "cached epochs"). Without one, estimated from
+//        the last steady epoch e that read part of its data from the PFS:
+//        bytes_e / (seconds_e - W_e), W_e = the job's time in PFS reads
+//        (pfs_read_ns, summed over readers), when W_e < 0.9·seconds_e
+//        (C_source "epoch N less its PFS reads"). Exact for readers that wait
+//        for each read; too high for readers that overlap them, which errs
+//        towards more capacity.
 //   B2 = the PFS's rate to this node. Preferred: the fill, (stager.pfs_bytes +
 //        stager.handoff_bytes) / cached.fill_seconds, when the stager copied
 //        ahead (settings.stage_ahead) and finished: the wall-clock rate at which
@@ -71,20 +78,24 @@ struct EpochFigures {
 // (from (1-h*)·S/B2 <= S/C); capacity_needed = h*·S, against quota (the sum of
 // the tiers' quotas).
 //   bound = "pfs"        if h < h* - 0.01 (one point of slack for measured rates);
-//           "local tier" if not, and C >= 0.8·B1: in the fully cached epochs
-//                        the job's readers spent >= 80% of the elapsed time in
-//                        local reads (C/B1 = time in local reads / elapsed,
-//                        summed over readers);
+//           "local tier" if not, C was measured and C >= 0.8·B1: in the fully
+//                        cached epochs the job's readers spent >= 80% of the
+//                        elapsed time in local reads (C/B1 = time in local
+//                        reads / elapsed, summed over readers);
 //           "compute"    otherwise.
-// Without a fully local steady epoch C is unknown; a steady epoch that read
-// part of its data from the PFS still shows whether the PFS bound it: it did
-// when reading its PFS bytes at B2 takes >= 80% of its time ("pfs"), else the
-// uncached part is no bottleneck ("compute", h* <= h, h* not known).
-// Otherwise, or without B2: "undecided", and `reason` says what is missing.
+// When W_e >= 0.9·seconds_e, C cannot be estimated but the readers were
+// waiting for the PFS nearly all the time: "pfs", h* unknown. Without a
+// steady epoch: "undecided"; `reason` says what is missing. The roofline
+// assumes the job overlaps reading and computing (loader workers, prefetch);
+// a job that reads serially needs h = 1 to lose all its PFS time.
 struct Verdict {
   double S = 0, h = 0, B1 = 0, B2 = 0, C = 0;
   std::string B2_source;      // "fill", "stager reads", "job reads", or "" (none)
-  std::vector<int> C_epochs;  // the epochs C is the median of
+  std::string C_source;       // "cached epochs", "epoch N less its PFS reads", or "" (none)
+  std::vector<int> C_epochs;  // the epochs C comes from
+  std::string C_words;        // how C was found, with the figures
+  int pfs_wait_epoch = 0;     // the partial steady epoch C was estimated from (or not), or 0
+  double pfs_wait_share = 0;  // its W_e / seconds_e
   double h_needed = -1;       // h*, -1 when it cannot be decided
   double capacity_needed = -1, quota = 0;
   std::string bound;        // "compute", "pfs", "local tier", or "undecided"

@@ -143,10 +143,12 @@ std::string summary_text(const std::string& json) {
   std::string lines = "verdict: " + (v.bound == "undecided" ? v.bound : v.bound + "-bound") +
                       " - " + v.reason + ".";
   if (v.C > 0 && v.B2 > 0)
-    lines += "\nroofline: a steady epoch takes at least max(S/C, (1-h)*S/B2) = max(" +
-             fmt("%.2f", v.S / v.C) + " s, " + fmt("%.2f", (1 - v.h) * v.S / v.B2) +
-             " s) with S = " + human_bytes(v.S) + ", h = " + pct(v.h, 1) +
-             " cached; h* = max(0, 1 - B2/C) = " + pct(v.h_needed, 1) + ".";
+    lines +=
+        "\nroofline (reading overlapped with computing): a steady epoch takes at least "
+        "max(S/C, (1-h)*S/B2) = max(" +
+        fmt("%.2f", v.S / v.C) + " s, " + fmt("%.2f", (1 - v.h) * v.S / v.B2) +
+        " s) with S = " + human_bytes(v.S) + ", h = " + pct(v.h, 1) +
+        " cached; h* = max(0, 1 - B2/C) = " + pct(v.h_needed, 1) + ".";
   if (std::string c = capacity_line(v); !c.empty()) lines += "\n" + c + ".";
   if (!v.first_epoch.empty()) lines += "\n" + v.first_epoch + ".";
   // One line each, unwrapped: the terminal wraps, grep finds.
@@ -191,7 +193,8 @@ std::string report_json(const std::string& json) {
   o << "],\"verdict\":{\"bound\":" << json_string(v.bound)
     << ",\"reason\":" << json_string(v.reason) << ",\"S\":" << jnum(v.S) << ",\"h\":" << jnum(v.h)
     << ",\"B1\":" << jnum(v.B1) << ",\"B2\":" << jnum(v.B2)
-    << ",\"B2_source\":" << json_string(v.B2_source) << ",\"C\":" << jnum(v.C) << ",\"C_epochs\":[";
+    << ",\"B2_source\":" << json_string(v.B2_source) << ",\"C\":" << jnum(v.C)
+    << ",\"C_source\":" << json_string(v.C_source) << ",\"C_epochs\":[";
   for (size_t i = 0; i < v.C_epochs.size(); ++i) o << (i ? "," : "") << v.C_epochs[i];
   o << "],\"h_needed\":" << (v.h_needed < 0 ? "null" : jnum(v.h_needed))
     << ",\"capacity_needed\":" << (v.h_needed < 0 ? "null" : jnum(v.capacity_needed))

@@ -193,9 +193,9 @@ TEST(ReportFigures, PfsBoundWhenTooLittleIsCached) {
   EXPECT_TRUE(has(v.reason, "only 50.0% of the dataset is cached, 94.4% is needed")) << v.reason;
 }
 
-// Half the dataset fits: no fully cached epoch, so C is unknown; the steady
-// epochs still show whether the PFS set their pace.
-Job half(double seconds) {
+// Half the dataset fits: no fully cached epoch. Epochs 2 and 3 read half
+// their bytes from the PFS, waiting `wait` s of their `seconds` for it.
+Job half(double seconds, double wait) {
   Job j;
   j.cached = 5e5;
   for (int e = 1; e < 3; ++e)
@@ -208,20 +208,35 @@ Job half(double seconds) {
                     {"tier_bytes", 5e5},
                     {"pfs_opens", 50},
                     {"pfs_reads", 100},
-                    {"pfs_bytes", 5e5}},
+                    {"pfs_bytes", 5e5},
+                    {"pfs_read_ns", wait * 1e9}},
                    {}};
   return j;
 }
 
-TEST(ReportFigures, WithoutACachedEpochThePfsStillShows) {
-  Verdict v = figures(half(4.5).json()).verdict;  // 500,000 at 125,000 B/s: 4 s of 4.5
+TEST(ReportFigures, WithoutACachedEpochCIsEstimated) {
+  // C = 1,000,000 / (4.5 - 4) = 2,000,000; h* = 1 - 125,000 / 2,000,000 = 93.75%.
+  Verdict v = figures(half(4.5, 4).json()).verdict;
+  EXPECT_EQ(v.C_source, "epoch 3 less its PFS reads");
+  EXPECT_DOUBLE_EQ(v.C, 2e6);
+  EXPECT_DOUBLE_EQ(v.h_needed, 0.9375);
+  EXPECT_DOUBLE_EQ(v.capacity_needed, 937500);
+  EXPECT_EQ(v.bound, "pfs");
+  EXPECT_TRUE(v.first_epoch.empty());  // no cached epoch to compare it with
+  // 20 s epochs waiting 4 s: C = 62,500, below B2: nothing needs caching.
+  v = figures(half(20, 4).json()).verdict;
+  EXPECT_DOUBLE_EQ(v.h_needed, 0);
+  EXPECT_EQ(v.bound, "compute");
+}
+
+TEST(ReportFigures, ReadersAlwaysWaitingForThePfs) {
+  Verdict v = figures(half(4.5, 4.2).json()).verdict;  // 93% of the time in PFS reads
   EXPECT_EQ(v.bound, "pfs");
   EXPECT_DOUBLE_EQ(v.C, 0);
   EXPECT_LT(v.h_needed, 0);
-  EXPECT_TRUE(has(v.reason, "how much cannot be decided without a fully cached epoch")) << v.reason;
-  v = figures(half(20).json()).verdict;  // 4 s of 20: the PFS is no bottleneck
-  EXPECT_EQ(v.bound, "compute");
-  std::string r = report_json(half(4.5).json());
+  EXPECT_TRUE(has(v.reason, "spent 4.20 s of its 4.50 s in PFS reads")) << v.reason;
+  EXPECT_TRUE(has(v.reason, "how much cannot be decided")) << v.reason;
+  std::string r = report_json(half(4.5, 4.2).json());
   EXPECT_TRUE(has(r, "\"h_needed\":null,\"capacity_needed\":null")) << r;
 }
 
