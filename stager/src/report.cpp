@@ -6,6 +6,7 @@
 #include <boost/property_tree/ptree.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <sstream>
 
@@ -97,9 +98,26 @@ std::string member_text(const std::string& s, const std::string& key) {
   return "";
 }
 
+// How deeply `s` nests arrays and objects (outside strings). Monarch's
+// statistics nest 5 deep; the JSON parser recurses, so a hostile file of a
+// million brackets must not reach it.
+int nesting(const std::string& s) {
+  int depth = 0, deepest = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '"')
+      for (++i; i < s.size() && s[i] != '"'; ++i) i += s[i] == '\\';
+    else if (s[i] == '{' || s[i] == '[')
+      deepest = std::max(deepest, ++depth);
+    else if (s[i] == '}' || s[i] == ']')
+      --depth;
+  }
+  return deepest;
+}
+
 Parsed parse(const std::string& json) {
   if (json.find_first_not_of(" \t\r\n") == std::string::npos)
     throw ReportError("not valid JSON: the file is empty");
+  if (nesting(json) > 32) throw ReportError("JSON nested too deeply: not Monarch's");
   Parsed p;
   pt::ptree doc;
   try {

@@ -371,6 +371,7 @@ TEST(ReportErrors, OneClearMessage) {
   EXPECT_TRUE(has(message("  \n"), "the file is empty"));
   EXPECT_TRUE(has(message("{\"schema\":\"monarch-stats/2\"}"), "another version of Monarch"));
   EXPECT_TRUE(has(message("{\"schema\":\"monarch-report/1\"}"), "without its statistics"));
+  EXPECT_TRUE(has(message(std::string(100000, '[')), "nested too deeply"));
   std::string odd = stats;  // wrong types are no crash
   odd.replace(odd.find("\"epochs\":["), 10, "\"epochs\":5,\"x\":[");
   EXPECT_EQ(message(odd), "(no error)");
