@@ -1,20 +1,25 @@
 #!/usr/bin/python3
-"""The benchmark's training jobs, timed per epoch. Each epoch's line is
-written to stdout, then the reader waits for a line on stdin (the runner
-snapshots the emulated PFS's counters in between).
+"""The benchmark's training jobs, timed per epoch. Prints {"ready": ...} once
+the job has listed its dataset (imports and listing done), then one JSON line
+per epoch; after each of these lines it waits for a line on stdin (the runner
+snapshots the emulated PFS's counters in between, outside the timed epochs).
 
   reader.py tf  ROOT [--threads 4] [--compute-ms MS] [--cache DIR --cache-quota B] [--local DIR]
   reader.py img ROOT [--workers 4] [--compute-ms MS] [--cache DIR --cache-quota B] [--local DIR]
 
-tf:  TFRecord-like: threads read whole files in 256 KiB preads, shuffled
-     file order, several files at once; a consumer computes per 8 MiB batch.
-img: ImageFolder-like: a torch DataLoader with fork workers reads whole
-     files, 64 per batch; the main process computes per batch.
+tf:  TFRecord-like (TensorFlow's TFRecordDataset with interleave): a new
+     shuffled file order each epoch, --threads files read at once, each
+     sequentially in 256 KiB preads; a consumer computes per 8 MiB batch.
+img: ImageFolder-like (PyTorch): a DataLoader with fork workers, shuffled,
+     64 files per batch, each file read whole with open().read() as Python
+     and PIL do (fstat, read, read at EOF); the main process computes per batch.
 --compute-ms: time per batch standing for the model's work (0: I/O-bound).
---cache DIR: the naive copy-on-first-read baseline (the seed's chapter 3, as
-     TensorFlow's cache stage): a file read from the PFS is written to DIR
-     as it is read, while room is left; later epochs read DIR's copy.
---local DIR: files present in DIR (a partial manual copy) are read there."""
+--cache DIR: the naive copy-on-first-read baseline (the seed's chapter 3,
+     TensorFlow's cache stage): a file read from the PFS is written to DIR as
+     it is read, while the quota has room; later epochs read DIR's copy.
+--local DIR: files present in DIR (a manual copy of part of the dataset) are
+     read there, the others from ROOT.
+The epoch order is the same in every setup (fixed seeds)."""
 import argparse
 import json
 import os
@@ -26,6 +31,7 @@ import time
 
 CHUNK = 256 << 10
 BATCH_BYTES = 8 << 20
+IMG_BATCH = 64
 
 
 class Cache:
@@ -51,9 +57,11 @@ class Cache:
 
 
 def source(root, p, cache, local):
-    """Where to read p from this epoch, and where to write a cached copy."""
-    if local and os.path.exists(os.path.join(local, os.path.relpath(p, root))):
-        return os.path.join(local, os.path.relpath(p, root)), None
+    """Where to read p this epoch, and where to write a cached copy (or None)."""
+    if local:
+        lp = os.path.join(local, os.path.relpath(p, root))
+        if os.path.exists(lp):
+            return lp, None
     if cache:
         c = cache.path(root, p)
         if os.path.exists(c):
@@ -64,17 +72,17 @@ def source(root, p, cache, local):
     return p, None
 
 
-def read_file(root, p, cache, local, sink=None):
+def read_chunks(root, p, cache, local, sink):
+    """TensorFlow's pattern: 256 KiB preads until EOF."""
     src, copy = source(root, p, cache, local)
     fd = os.open(src, os.O_RDONLY)
     out = open(copy + ".part", "wb") if copy else None
-    total, off = 0, 0
+    off = 0
     while b := os.pread(fd, CHUNK, off):
         off += len(b)
         if out:
             out.write(b)
-        if sink:
-            sink(len(b))
+        sink(len(b))
     os.close(fd)
     if out:
         out.close()
@@ -82,20 +90,34 @@ def read_file(root, p, cache, local, sink=None):
     return off
 
 
+def read_whole(root, p, cache, local):
+    """Python's and PIL's pattern: open, fstat, read to EOF, close."""
+    src, copy = source(root, p, cache, local)
+    with open(src, "rb") as f:
+        data = f.read()
+    if copy:
+        with open(copy + ".part", "wb") as out:
+            out.write(data)
+        os.rename(copy + ".part", copy)
+    return len(data)
+
+
 def epoch_tf(root, files, a, cache):
     order = files[:]
     random.shuffle(order)
     it, lock = iter(order), threading.Lock()
-    q = queue.Queue(maxsize=64)
+    q = queue.Queue(maxsize=64)  # 16 MiB read ahead of the model, like a prefetch buffer
 
     def produce():
-        while True:
-            with lock:
-                p = next(it, None)
-            if p is None:
-                q.put(None)
-                return
-            read_file(root, p, cache, a.local, q.put)
+        try:
+            while True:
+                with lock:
+                    p = next(it, None)
+                if p is None:
+                    return
+                read_chunks(root, p, cache, a.local, q.put)
+        finally:
+            q.put(None)
 
     ts = [threading.Thread(target=produce, daemon=True) for _ in range(a.threads)]
     for t in ts:
@@ -112,6 +134,7 @@ def epoch_tf(root, files, a, cache):
             time.sleep(a.compute_ms / 1000)
     if batch:
         time.sleep(a.compute_ms / 1000)
+    return len(files)
 
 
 def epoch_img(root, files, a, cache, epoch):
@@ -123,14 +146,17 @@ def epoch_img(root, files, a, cache, epoch):
             return len(files)
 
         def __getitem__(self, i):
-            return read_file(root, files[i], cache, a.local)
+            return read_whole(root, files[i], cache, a.local)
 
     g = torch.Generator()
     g.manual_seed(epoch)
-    loader = DataLoader(Files(), batch_size=64, shuffle=True, num_workers=a.workers,
+    loader = DataLoader(Files(), batch_size=IMG_BATCH, shuffle=True, num_workers=a.workers,
                         multiprocessing_context="fork", generator=g)
-    for _ in loader:
+    n = 0
+    for sizes in loader:
+        n += len(sizes)
         time.sleep(a.compute_ms / 1000)
+    return n
 
 
 def main():
@@ -145,18 +171,22 @@ def main():
     ap.add_argument("--cache-quota", type=int, default=0)
     ap.add_argument("--local")
     a = ap.parse_args()
+    if a.kind == "img":
+        import torch  # noqa: F401  (imported before the clock starts, as a training script does)
     files = sorted(os.path.join(d, n) for d, _, ns in os.walk(a.root) for n in ns)
     cache = Cache(a.cache, a.cache_quota) if a.cache else None
     random.seed(1)
+    print(json.dumps({"ready": True, "files": len(files)}), flush=True)
+    sys.stdin.readline()  # the runner snapshots the PFS's counters: start-up ends here
     for e in range(1, a.epochs + 1):
-        start = time.time()
-        if cache:
+        if cache:  # the baseline's bookkeeping, outside the timed epoch
             cache.new_epoch(a.workers if a.kind == "img" else 1)
+        start = time.monotonic()
         if a.kind == "tf":
-            epoch_tf(a.root, files, a, cache)
+            n = epoch_tf(a.root, files, a, cache)
         else:
-            epoch_img(a.root, files, a, cache, e)
-        print(json.dumps({"epoch": e, "seconds": time.time() - start}), flush=True)
+            n = epoch_img(a.root, files, a, cache, e)
+        print(json.dumps({"epoch": e, "seconds": time.monotonic() - start, "files": n}), flush=True)
         sys.stdin.readline()  # the runner snapshots the PFS's counters
 
 

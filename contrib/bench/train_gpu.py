@@ -1,84 +1,76 @@
 #!/usr/bin/python3
-"""A real PyTorch training run for the benchmark, where a CUDA device exists:
-torchvision's resnet18 trained for 3 epochs on an ImageFolder-like dataset
-(each file's first bytes become a 3x64x64 image) with a DataLoader of fork
-workers, directly from the emulated PFS and through monarch-run. Prints the
-epoch times of both. Run by contrib/bench/run when torch.cuda.is_available().
+"""A real PyTorch training job for the benchmark: torchvision's resnet18
+trained on an ImageFolder-like dataset (class folders of files; each file's
+first 12 KiB become a 3x64x64 image) with a DataLoader of fork workers, on
+the GPU when torch.cuda is available, else on the CPU. Prints one JSON line
+per epoch: {"epoch": N, "seconds": S, "samples": N, "device": "cuda"}.
 
-  train_gpu.py [DATASET] [--epochs 3]   (without DATASET: a generated one)"""
+contrib/bench/run runs it directly from the emulated PFS and through
+monarch-run (on a CUDA device; with --quick on the CPU as a smoke test):
+
+  train_gpu.py ROOT [--epochs 3] [--workers 4] [--batch 128]"""
 import argparse
+import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.dirname(os.path.dirname(HERE))
 
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=128)
+    a = ap.parse_args()
 
-def train(root, epochs):
     import torch
     import torchvision
     from torch.utils.data import DataLoader, Dataset
 
+    side = 64
+    need = 3 * side * side
+
     class Images(Dataset):
-        def __init__(self):
+        def __init__(self, root):
             classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
             self.samples = [(os.path.join(root, c, n), i) for i, c in enumerate(classes)
                             for n in sorted(os.listdir(os.path.join(root, c)))]
+            self.classes = len(classes)
 
         def __len__(self):
             return len(self.samples)
 
         def __getitem__(self, i):
             path, target = self.samples[i]
-            with open(path, "rb") as f:
+            with open(path, "rb") as f:  # as PIL does: the whole file
                 data = f.read()
-            x = torch.frombuffer(bytearray(data[:3 * 64 * 64].ljust(3 * 64 * 64, b"\0")),
-                                 dtype=torch.uint8)
-            return x.view(3, 64, 64).float() / 255, target
+            x = torch.frombuffer(bytearray(data[:need].ljust(need, b"\0")), dtype=torch.uint8)
+            return x.view(3, side, side).float() / 255, target
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    data = Images()
-    model = torchvision.models.resnet18(num_classes=max(t for _, t in data.samples) + 1).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(data, batch_size=128, shuffle=True, num_workers=4,
-                        multiprocessing_context="fork")
-    for e in range(1, epochs + 1):
-        start = time.time()
+    torch.manual_seed(0)
+    data = Images(a.root)
+    model = torchvision.models.resnet18(num_classes=data.classes).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator()
+    g.manual_seed(0)
+    loader = DataLoader(data, batch_size=a.batch, shuffle=True, num_workers=a.workers,
+                        multiprocessing_context="fork", generator=g,
+                        pin_memory=dev == "cuda")
+    for e in range(1, a.epochs + 1):
+        start, n, loss = time.monotonic(), 0, None
         for x, y in loader:
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
+            loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
+            n += len(y)
         if dev == "cuda":
             torch.cuda.synchronize()
-        print(f"epoch {e}: {time.time() - start:.2f} s ({dev})", flush=True)
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dataset", nargs="?")
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.inner:
-        return train(a.dataset, a.epochs)
-    work = tempfile.mkdtemp(prefix="monarch-gpu-")
-    root = a.dataset or os.path.join(work, "ds")
-    if not a.dataset:
-        subprocess.run([os.path.join(SRC, "contrib", "gen-dataset"), root, "--small", "20000",
-                        "--large", "0"], check=True, stdout=subprocess.DEVNULL)
-        root = os.path.join(root, "images")
-    me = [sys.executable, os.path.abspath(__file__), root, "--epochs", str(a.epochs), "--inner"]
-    print("direct:", flush=True)
-    subprocess.run(me, check=True)
-    tier = os.path.join(work, "tier")
-    os.makedirs(tier)
-    print("through monarch-run:", flush=True)
-    run = os.path.join(SRC, "build", "stager", "monarch-run")
-    subprocess.run([run, "--dataset", root, "--tier", tier, "--"] + me, check=True)
+        print(json.dumps({"epoch": e, "seconds": time.monotonic() - start, "samples": n,
+                          "loss": float(loss) if loss is not None else None, "device": dev}),
+              flush=True)
 
 
 if __name__ == "__main__":
