@@ -112,9 +112,11 @@ def micro_text(m):
         out.append(f"  cp -r                 {c['cp_seconds']:7.2f} s {c['cp_MBps']:6.0f} MB/s")
         out.append(f"  4 x cp (xargs -P 4)   {c['cp4_seconds']:7.2f} s {c['cp4_MBps']:6.0f} MB/s")
         if c.get("stager_seconds"):
+            fill = c.get("stager_fill_seconds")
             out.append(f"  monarch-stager        {c['stager_seconds']:7.2f} s "
-                       f"{c['stager_MBps']:6.0f} MB/s  (stage-ahead, no reader; "
-                       f"{c['stager_total_seconds']:.2f} s from its start, index included)")
+                       f"{c['stager_MBps']:6.0f} MB/s  (stage-ahead, no reader; from its launch, "
+                       f"index {c.get('stager_index_seconds', 0):.2f} s included"
+                       + (f"; its own fill time {fill:.2f} s" if fill else "") + ")")
         else:
             out.append("  monarch-stager        did not finish the copy")
     return "\n".join(out)
