@@ -69,7 +69,9 @@ def scenario_table(sc):
         if "copy_seconds" in s:
             notes.append(f"copy {s['copy_seconds']:.1f} s apart")
         if "cached_bytes" in s:
-            notes.append(f"cached {s['cached_bytes'] / S:.0%}")
+            notes.append(f"cached {s['cached_bytes'] / S:.0%}, index {s['index_seconds']:.2f} s")
+        if s.get("dirty_mib_after_epoch1", 0) >= 1:
+            notes.append(f"{s['dirty_mib_after_epoch1']:.0f} MiB unwritten after epoch 1")
         lines.append(f"{name:<13}{s['start_seconds']:>6.1f}{e[0]:>8.2f}{e[1]:>8.2f}{e[2]:>8.2f}"
                      f"{total(s):>8.2f}{total(s) / pfs:>6.2f}{total(s) / total(local_of(sc, name)):>7.2f}"
                      f"  {traffic:<44}{', '.join(notes)}")
@@ -95,6 +97,16 @@ def micro_text(m):
     out = []
     if "overhead_text" in m:
         out.append("\n== interposition overhead (contrib/bench/overhead)\n" + m["overhead_text"].rstrip())
+    if "open" in m:
+        o = m["open"]
+        out.append(f"\n== per-file calls of an ImageFolder-like reader on cached files "
+                   f"(monarch-bench-open: open, fstat, read whole, close; {o['files']} files of "
+                   f"16-256 KiB, page cache warm, one core, medians of {len(o['runs']['plain'])})")
+        out.append(f"  tier copy read directly {o['plain_ns'] / 1000:8.1f} us per file")
+        out.append(f"  through Monarch         {o['monarch_ns'] / 1000:8.1f} us per file   "
+                   f"ratio {o['ratio']:.3f}, +{(o['monarch_ns'] - o['plain_ns']) / 1000:.1f} us")
+    for e in m.get("errors", []):
+        out.append(f"\n== micro-benchmark failed: {e}")
     for ix in m.get("index", []):
         d = ix["monarch_detail"]
         out.append(f"\n== metadata index of {ix['files']} files in {ix['dirs']} directories "

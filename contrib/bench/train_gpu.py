@@ -23,9 +23,17 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     a = ap.parse_args()
 
+    import resource
+
     import torch
     import torchvision
     from torch.utils.data import DataLoader, Dataset
+
+    # Workers hand batches over through shared memory; a low open-files limit
+    # (1024 on some images) runs out with many workers: use the hard limit.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    torch.multiprocessing.set_sharing_strategy("file_system")
 
     side = 64
     need = 3 * side * side
@@ -68,9 +76,10 @@ def main():
             n += len(y)
         if dev == "cuda":
             torch.cuda.synchronize()
+        name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
         print(json.dumps({"epoch": e, "seconds": time.monotonic() - start, "samples": n,
-                          "loss": float(loss) if loss is not None else None, "device": dev}),
-              flush=True)
+                          "loss": float(loss) if loss is not None else None, "device": name,
+                          "torch": torch.__version__}), flush=True)
 
 
 if __name__ == "__main__":
