@@ -23,7 +23,6 @@ struct FdEntry {
   bool stale;             // the PFS file differs from the index: stat goes to the PFS
   std::atomic_flag lock;  // kPfs only: switching, partial reads, read()/lseek offsets
   uint32_t file;
-  uint32_t sample;  // local reads, one in 64 is timed
   JobMap* map;
   int aux;  // the copy being written, open for partial reads, or -1
 };
@@ -45,7 +44,8 @@ inline FdEntry* tracked(int fd) {
 struct ThreadSlot {
   JobMap* map;  // the slot belongs to this map (a restarted stager brings another)
   ProcSlot* slot;
-  bool shared;  // slot 0: other threads add to it too
+  bool shared;      // slot 0: other threads add to it too
+  uint32_t sample;  // the thread's local reads: one in 64 is timed, the first one included
 };
 extern __thread ThreadSlot t_slot __attribute__((tls_model("initial-exec")));
 

@@ -218,7 +218,6 @@ void track(int fd, JobMap* m, uint32_t file, Kind kind, uint32_t tier = 0, bool 
   e->stale = stale;
   e->lock.clear();
   e->file = file;
-  e->sample = 0;
   e->map = m;
   e->aux = -1;
   e->kind.store(kind, std::memory_order_release);

@@ -92,20 +92,21 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     using namespace monarch;                                                                 \
     return serve<ret>(monarch::real::name != nullptr, fn, [&]() -> ret { return handler; }); \
   }
-#define MONARCH_READ(ret, name, params, args, handler)                                           \
-  extern "C" MONARCH_EXPORT ret name params {                                                    \
-    if (__builtin_expect(!monarch::real::name, 0)) monarch::real::resolve();                     \
-    monarch::FdEntry* e = monarch::tracked(fd);                                                  \
-    if (!e || !monarch::real::name) return monarch::real::name args;                             \
-    if (e->kind.load(std::memory_order_relaxed) == monarch::kLocal && (++e->sample & 63) != 0) { \
-      ret r = monarch::real::name args;                                                          \
-      monarch::count_local(e, r);                                                                \
-      return r;                                                                                  \
-    }                                                                                            \
-    auto fn = [&]() -> ret { return monarch::real::name args; };                                 \
-    Pass<ret> pass(fn);                                                                          \
-    using namespace monarch;                                                                     \
-    return serve<ret>(true, fn, [&]() -> ret { return handler; });                               \
+#define MONARCH_READ(ret, name, params, args, handler)                       \
+  extern "C" MONARCH_EXPORT ret name params {                                \
+    if (__builtin_expect(!monarch::real::name, 0)) monarch::real::resolve(); \
+    monarch::FdEntry* e = monarch::tracked(fd);                              \
+    if (!e || !monarch::real::name) return monarch::real::name args;         \
+    if (e->kind.load(std::memory_order_relaxed) == monarch::kLocal &&        \
+        (monarch::t_slot.sample++ & 63) != 0) {                              \
+      ret r = monarch::real::name args;                                      \
+      monarch::count_local(e, r);                                            \
+      return r;                                                              \
+    }                                                                        \
+    auto fn = [&]() -> ret { return monarch::real::name args; };             \
+    Pass<ret> pass(fn);                                                      \
+    using namespace monarch;                                                 \
+    return serve<ret>(true, fn, [&]() -> ret { return handler; });           \
   }
 #include "wrappers.def"
 #undef MONARCH_OPEN

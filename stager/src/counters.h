@@ -27,7 +27,7 @@ namespace monarch {
   X(handoffs, 1, "files read whole at open and handed to the stager")                         \
   X(handoff_bytes, 1, "bytes handed to the stager")                                           \
   X(pfs_read_ns, 1, "time the job's processes spent in reads of the PFS")                     \
-  X(local_sample_reads, 1, "local reads timed (one in 64)")                                   \
+  X(local_sample_reads, 1, "local reads timed (each thread's first, then one in 64)")         \
   X(local_sample_bytes, 1, "bytes of the timed local reads")                                  \
   X(local_sample_ns, 1, "time spent in the timed local reads")                                \
   X(stat_index, 1, "stat calls answered from the index")                                      \

@@ -236,7 +236,7 @@ std::string report_svg(const std::string& json) {
     legend.push_back({kCopyColor, "read from the PFS by the stager (copies)", "6,3"});
   }
   // The cached fraction: from what an earlier stager left, through the
-  // samples (space used on the tiers), to the cached bytes at the end.
+  // samples (bytes of complete copies), to the cached bytes at the end.
   if (fig.dataset_bytes > 0) {
     double S = fig.dataset_bytes;
     std::vector<double> used;

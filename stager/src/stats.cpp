@@ -57,7 +57,7 @@ Stats::Stats(const JobMap& map, const std::atomic<uint64_t>* stager, const Place
       info_(std::move(info)),
       index_(index),
       start_ns_(monotonic_ns()) {
-  last_ = take(start_ns_);
+  last_ = poll_ = rate_from_ = take(start_ns_);
 }
 
 Stats::Snapshot Stats::take(uint64_t now_ns) const {
@@ -78,12 +78,41 @@ Stats::Snapshot Stats::take(uint64_t now_ns) const {
   return s;
 }
 
-void Stats::tick(uint64_t now_ns) {
+uint64_t Stats::tick(uint64_t now_ns) {
+  constexpr uint64_t kSlow = 100'000'000, kFast = 1'000'000;
   uint64_t size = map_.header().dataset_bytes;
-  if (size == 0) return;
+  if (size == 0) return kSlow;
   Snapshot s = take(now_ns);
   std::lock_guard lock(mu_);
-  while (s.p[c_bytes] >= (epochs_.size() + 1) * size) epochs_.push_back(s);
+  const Snapshot a = poll_;
+  poll_ = s;
+  uint64_t a_bytes = a.p[c_bytes], s_bytes = s.p[c_bytes];
+  while (s_bytes >= (epochs_.size() + 1) * size) {
+    // The boundary lies between the last poll and this one: interpolate by bytes.
+    double f = double((epochs_.size() + 1) * size - a_bytes) / double(s_bytes - a_bytes);
+    Snapshot e;
+    e.t_ns = a.t_ns + uint64_t(f * double(s.t_ns - a.t_ns));
+    for (int c = 0; c < kNumCounters; ++c)
+      e.p[c] = a.p[c] + uint64_t(f * double(s.p[c] - a.p[c]) + 0.5);
+    for (int c = 0; c < kNumStagerCounters; ++c)
+      e.s[c] = a.s[c] + uint64_t(f * double(s.s[c] - a.s[c]) + 0.5);
+    epochs_.push_back(e);
+  }
+  if (s.t_ns - rate_from_.t_ns >= kSlow / 2) {  // a rate over 1 ms would often be 0
+    per_ns_ = double(s_bytes - rate_from_.p[c_bytes]) / double(s.t_ns - rate_from_.t_ns);
+    rate_from_ = s;
+  }
+  uint64_t left = (epochs_.size() + 1) * size - s_bytes;
+  return left <= size / 10 || double(left) <= per_ns_ * 3 * kSlow ? kFast : kSlow;
+}
+
+std::array<uint64_t, kMapTiers> Stats::cached_by_tier() const {
+  std::array<uint64_t, kMapTiers> bytes{};
+  for (uint64_t i = 0; i < map_.size(); ++i) {
+    uint32_t w = map_.entry(i).state.load(std::memory_order_relaxed);
+    if (state_of(w) == kCached && tier_of(w) < kMapTiers) bytes[tier_of(w)] += map_.entry(i).size;
+  }
+  return bytes;
 }
 
 void Stats::sample(uint64_t now_ns) {
@@ -94,8 +123,7 @@ void Stats::sample(uint64_t now_ns) {
   served[kMapTiers] = s.p[c_pfs_served_bytes] + s.p[c_mem_bytes] - last_.p[c_pfs_served_bytes] -
                       last_.p[c_mem_bytes];
   served[kMapTiers + 1] = s.s[s_pfs_bytes] - last_.s[s_pfs_bytes];
-  std::array<uint64_t, kMapTiers> cached{};
-  for (int t = 0; t < placement_.tiers() && t < kMapTiers; ++t) cached[t] = placement_.used(t);
+  std::array<uint64_t, kMapTiers> cached = cached_by_tier();
   last_ = s;
   if (!served_.empty() && (now_ns - start_ns_) / 1'000'000'000 < served_.size() * interval_s_) {
     // Same interval as the last sample (a late tick): add to it.

@@ -34,8 +34,11 @@ class Stats {
   Stats(const JobMap& map, const std::atomic<uint64_t>* stager, const Placement& placement,
         JobInfo info, IndexStats index);
 
-  // Every ~100 ms: notes epoch boundaries.
-  void tick(uint64_t now_ns);
+  // Notes epoch boundaries; returns the nanoseconds until it wants to be
+  // called again: 100 ms, or 1 ms when the job's bytes near the next
+  // boundary, so that each epoch's counters are exact to about a millisecond
+  // of the job's traffic (the boundary is interpolated between two polls).
+  uint64_t tick(uint64_t now_ns);
   // Every second: appends to the time series.
   void sample(uint64_t now_ns);
   // The whole statistics as JSON. `complete`: the stager stopped normally.
@@ -48,6 +51,8 @@ class Stats {
     std::array<uint64_t, kNumStagerCounters> s{};
   };
   Snapshot take(uint64_t now_ns) const;
+  // Bytes of complete copies per tier, from the job map.
+  std::array<uint64_t, kMapTiers> cached_by_tier() const;
 
   const JobMap& map_;
   const std::atomic<uint64_t>* stager_;
@@ -58,8 +63,12 @@ class Stats {
 
   mutable std::mutex mu_;
   std::vector<Snapshot> epochs_;  // cumulative counters at each epoch's end
+  Snapshot poll_;                 // the last tick's
+  Snapshot rate_from_;            // the job's read rate (per_ns_) is measured from here
+  double per_ns_ = 0;
   // Time series: per interval, bytes served from each tier, from the PFS
-  // (direct reads and bytes read whole at open), and cached bytes per tier.
+  // (direct reads and bytes read whole at open), and bytes of complete
+  // copies per tier.
   uint64_t interval_s_ = 1;
   Snapshot last_;
   std::vector<std::array<uint64_t, kMapTiers + 2>> served_;  // tiers..., pfs, stager copies
