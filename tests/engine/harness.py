@@ -208,7 +208,9 @@ class TierWatch:
 
     def _run(self):
         while not self._stop.is_set():
-            used, copies = 0, set()
+            # By inode: a copy renamed from tmp/ to data/ during the walk is
+            # seen twice but counted once.
+            blocks, copies = {}, set()
             for d, _, names in os.walk(self.dir):
                 for n in names:
                     p = os.path.join(d, n)
@@ -217,10 +219,10 @@ class TierWatch:
                     except OSError:
                         continue
                     if "/data/" in p or "/tmp/" in p[len(self.dir):]:
-                        used += st.st_blocks * 512
+                        blocks[st.st_ino] = st.st_blocks * 512
                     if "/data/" in p:
                         copies.add(p)
-            self.max_bytes = max(self.max_bytes, used)
+            self.max_bytes = max(self.max_bytes, sum(blocks.values()))
             self.evicted += sorted(self._last - copies)  # run with --keep: nothing may go
             self._last = copies
             self.samples += 1
