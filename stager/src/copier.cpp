@@ -360,6 +360,9 @@ void Copier::finish(Job& job) {
   timespec times[2] = {{e.atime_ns / 1'000'000'000, e.atime_ns % 1'000'000'000},
                        {e.mtime_ns / 1'000'000'000, e.mtime_ns % 1'000'000'000}};
   futimens(job.dst, times);  // the copy carries the version it was made from
+  // Start writing the copy back now, while the job still reads the PFS, so that
+  // its dirty pages are not flushed during the next epoch's local reads.
+  sync_file_range(job.dst, 0, 0, SYNC_FILE_RANGE_WRITE);
   std::string rel(map_.path(job.file));
   std::string tmp = tmp_name(job.file), final_name = "data/" + rel;
   int tier_fd = opt_.tier_fds[job.tier];
