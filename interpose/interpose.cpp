@@ -246,17 +246,24 @@ struct EntryLock {
 
 // ---------------------------------------------------------------- paths
 
+}  // namespace
+
+bool outside(int dirfd, const char* path) {
+  if (!P.enabled || !path || !*path) return true;
+  if (path[0] != '/') return dirfd != AT_FDCWD;  // relative to a directory descriptor: not followed
+  size_t rl = P.real_len.load(std::memory_order_relaxed);
+  return !has_prefix(path, P.root, P.root_len) && !(rl && has_prefix(path, P.real_root, rl));
+}
+
+namespace {
+
 // Is `path` (relative to dirfd) an indexed dataset file? Fills `rel` inside `buf`.
 bool dataset_path(int dirfd, const char* path, char (&buf)[kPathMax], std::string_view& rel) {
-  if (!P.enabled || !path || !*path) return false;
+  if (outside(dirfd, path)) return false;
   int n;
   if (path[0] == '/') {
-    size_t rl = P.real_len.load(std::memory_order_relaxed);
-    if (!has_prefix(path, P.root, P.root_len) && !(rl && has_prefix(path, P.real_root, rl)))
-      return false;
     n = normalize_path("", path, buf, sizeof buf);
   } else {
-    if (dirfd != AT_FDCWD) return false;  // relative to a directory descriptor: not followed
     char cwd[kPathMax];
     while (P.cwd_lock.test_and_set(std::memory_order_acquire)) sched_yield();
     bool related = P.cwd_related;

@@ -24,6 +24,11 @@ class Pass {
   R (*fn_)(void*);
 };
 
+// True when `path` (relative to dirfd) cannot name a dataset file: what the
+// open wrappers test before anything else, so that other opens cost one
+// prefix comparison. False does not mean it is one (see dataset_path).
+bool outside(int dirfd, const char* path);
+
 // Handlers: serve a call on a dataset file, or call `pass`. Never throw;
 // errno on return is what the caller would see without Monarch.
 int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass);

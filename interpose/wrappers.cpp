@@ -79,6 +79,8 @@ R serve(bool have_real, Fn& fn, Handler handler) {
       va_end(ap);                                                                        \
     }                                                                                    \
     if (!monarch::real::name) monarch::real::resolve();                                  \
+    if (monarch::real::name && monarch::outside(dirfd, path))                            \
+      return monarch::real::name(MONARCH_UNPAREN args, mode);                            \
     auto fn = [&]() -> int { return monarch::real::name(MONARCH_UNPAREN args, mode); };  \
     Pass<int> pass(fn);                                                                  \
     return serve<int>(monarch::real::name != nullptr, fn,                                \
