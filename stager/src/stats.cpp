@@ -106,13 +106,16 @@ uint64_t Stats::tick(uint64_t now_ns) {
   return left <= size / 10 || double(left) <= per_ns_ * 3 * kSlow ? kFast : kSlow;
 }
 
-std::array<uint64_t, kMapTiers> Stats::cached_by_tier() const {
-  std::array<uint64_t, kMapTiers> bytes{};
+Stats::Cached Stats::complete_copies() const {
+  Cached c;
   for (uint64_t i = 0; i < map_.size(); ++i) {
     uint32_t w = map_.entry(i).state.load(std::memory_order_relaxed);
-    if (state_of(w) == kCached && tier_of(w) < kMapTiers) bytes[tier_of(w)] += map_.entry(i).size;
+    if (state_of(w) != kCached || tier_of(w) >= kMapTiers) continue;
+    c.files++;
+    c.bytes += map_.entry(i).size;
+    c.by_tier[tier_of(w)] += map_.entry(i).size;
   }
-  return bytes;
+  return c;
 }
 
 void Stats::sample(uint64_t now_ns) {
@@ -123,7 +126,7 @@ void Stats::sample(uint64_t now_ns) {
   served[kMapTiers] = s.p[c_pfs_served_bytes] + s.p[c_mem_bytes] - last_.p[c_pfs_served_bytes] -
                       last_.p[c_mem_bytes];
   served[kMapTiers + 1] = s.s[s_pfs_bytes] - last_.s[s_pfs_bytes];
-  std::array<uint64_t, kMapTiers> cached = cached_by_tier();
+  std::array<uint64_t, kMapTiers> cached = complete_copies().by_tier;
   last_ = s;
   if (!served_.empty() && (now_ns - start_ns_) / 1'000'000'000 < served_.size() * interval_s_) {
     // Same interval as the last sample (a late tick): add to it.
@@ -190,15 +193,12 @@ std::string Stats::json(bool complete, double fill_seconds) const {
       << ",\"used\":" << placement_.used(t)
       << ",\"full\":" << (placement_.full(t) ? "true" : "false") << "}";
   }
-  uint64_t cached_files = 0, cached_bytes = 0;
-  for (uint64_t i = 0; i < map_.size(); ++i)
-    if (state_of(map_.entry(i).state.load(std::memory_order_relaxed)) == kCached)
-      cached_files++, cached_bytes += map_.entry(i).size;
+  Cached cached = complete_copies();
   o << "],\"index\":{\"files\":" << index_.files << ",\"bytes\":" << index_.bytes
     << ",\"dirs\":" << index_.dirs << ",\"skipped\":" << index_.skipped
     << ",\"unreadable_dirs\":" << index_.unreadable << ",\"seconds\":" << index_.seconds
     << ",\"map_bytes\":" << map_.header().file_size << "}";
-  o << ",\"cached\":{\"files\":" << cached_files << ",\"bytes\":" << cached_bytes
+  o << ",\"cached\":{\"files\":" << cached.files << ",\"bytes\":" << cached.bytes
     << ",\"fill_seconds\":" << fill_seconds << "}";
   o << ",\"totals\":";
   counters(s, nullptr);

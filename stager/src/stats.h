@@ -51,8 +51,12 @@ class Stats {
     std::array<uint64_t, kNumStagerCounters> s{};
   };
   Snapshot take(uint64_t now_ns) const;
-  // Bytes of complete copies per tier, from the job map.
-  std::array<uint64_t, kMapTiers> cached_by_tier() const;
+  // Complete copies, from the job map.
+  struct Cached {
+    uint64_t files = 0, bytes = 0;
+    std::array<uint64_t, kMapTiers> by_tier{};
+  };
+  Cached complete_copies() const;
 
   const JobMap& map_;
   const std::atomic<uint64_t>* stager_;
