@@ -244,9 +244,9 @@ struct EntryLock {
   ~EntryLock() { e->lock.clear(std::memory_order_release); }
 };
 
-// ---------------------------------------------------------------- paths
-
 }  // namespace
+
+// ---------------------------------------------------------------- paths
 
 bool outside(int dirfd, const char* path) {
   if (!P.enabled || !path || !*path) return true;
