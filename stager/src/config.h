@@ -35,6 +35,7 @@ struct Config {
   Consistency consistency = Consistency::kJob;
   uint64_t small_file_max = 1 << 20;
   bool stage_ahead = true;
+  unsigned stall_timeout_ms = 200;  // a reader waits at most this long for a copy without progress
   unsigned start_timeout_s = 30;
   unsigned stop_timeout_s = 10;
   std::string source;  // the file it was read from, for messages

@@ -5,9 +5,13 @@
 // A copy is written to <tier job dir>/tmp/<generation>-<id> in large
 // sequential blocks, publishing its progress so that readers can use the part
 // already written, then checked against the PFS file (size and mtime as
-// indexed), given the PFS file's mtime, and renamed to <tier job dir>/data/<path>.
-// Only then is the file marked cached: a reader never sees a partial file under
-// its final name.
+// indexed: device, inode, size, mtime, ctime, before and after), given the PFS
+// file's mtime, and renamed to <tier job dir>/data/<path>. Only then is the
+// file marked cached: a reader never sees a partial file under its final name.
+//
+// Every change of a file's state word is a compare-and-swap from the state the
+// copier put it in: a reader that marks a file stale (it opened it for
+// writing) always wins, and the copy is then abandoned or deleted.
 #pragma once
 
 #include <atomic>
@@ -45,15 +49,21 @@ class Copier {
 
   // A reader asked for `file`: copy it before the backlog.
   void place(uint32_t file);
-  // A reader read `file` whole into `memfd` (ownership passes here).
-  void data(uint32_t file, int memfd);
-  // A reader found the PFS file changed.
+  // A reader read `file` whole into `memfd` from `pfs_fd`, its own descriptor
+  // of the PFS file (ownership of both passes here). Accepted only when
+  // `pfs_fd` is the version the index holds and `memfd` has its size.
+  bool data(uint32_t file, int memfd, int pfs_fd);
+  // A reader found the PFS file changed, or the job opened it for writing.
   void stale(uint32_t file);
-  // A claim was released or its owner died: the backlog should look again.
+  // A claim was released or expired: the backlog should look again.
   void rescan();
 
-  // Returns claims held by processes that no longer exist. Called periodically.
-  void reap_claims();
+  // Periodic: frees claims older than their life (the reader never handed
+  // the bytes over) and deletes the copies of files marked stale.
+  void reap();
+
+  // How long a claim may wait for its bytes before the file is copied anyway.
+  static constexpr uint64_t kClaimLifeNs = 10'000'000'000;
 
   bool idle() const;            // nothing queued or under way, backlog done
   double fill_seconds() const;  // time from start to the last copy, once idle
@@ -64,6 +74,7 @@ class Copier {
     bool urgent = false;
     int memfd = -1;  // kData: bytes from a reader
     int tier = -1, slot = -1, src = -1, dst = -1;
+    uint32_t copying = 0;  // the state word begin() set, 0 before
     uint64_t done = 0;
     uint64_t started_ns = 0;
   };
@@ -77,6 +88,7 @@ class Copier {
   void finish(Job& job);  // verify, publish, mark cached
   void abandon(Job& job, FileState state);
   void close_files(Job& job, bool keep_memfd);
+  void drop_stale_copy(uint32_t file);
   std::string tmp_name(uint32_t file) const;
   bool make_parents(int tier, std::string_view rel);
   void count(StagerCounter c, uint64_t n = 1) {

@@ -17,6 +17,7 @@ struct IndexOptions {
   std::vector<std::string> tier_dirs;  // job directory on each tier, fastest first
   uint32_t consistency = 0;
   uint64_t small_file_max = 0;
+  uint64_t stall_ns = 0;
   uint64_t generation = 0;
 };
 
@@ -36,6 +37,8 @@ class MappedMap {
   MappedMap& operator=(MappedMap&& o) noexcept;
   ~MappedMap();
   JobMap& map() { return map_; }
+  // Makes the view again, after the header was written.
+  void reload() { map_ = JobMap(base_, size_); }
   size_t bytes() const { return size_; }
 
  private:

@@ -212,7 +212,7 @@ struct Stager {
       // One stager per job and node: it must serve the same dataset.
       std::string other;
       try {
-        other = open_index(tier_dirs[0] + "/" + kIndexName).map().header().root;
+        other = open_index(tier_dirs[0] + "/" + kIndexName).map().root();
       } catch (const std::runtime_error&) {  // still indexing: cannot tell yet
       }
       if (!other.empty() && other != root)
@@ -254,6 +254,7 @@ struct Stager {
                     .tier_dirs = tier_dirs,
                     .consistency = uint32_t(config.consistency == Consistency::kOpen),
                     .small_file_max = config.small_file_max,
+                    .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000,
                     .generation = random64()};
     try {
       map = build_index(io, index_stats, [this](JobMap& m) { adopt(m); });
@@ -311,24 +312,33 @@ struct Stager {
       if (poll(&p, 1, 200) <= 0) continue;
       Message m;
       iovec iov{&m, sizeof m};
-      alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
+      // Room for more descriptors than a request carries: every one that
+      // arrives is accounted for (used or closed), whatever a sender put in.
+      alignas(cmsghdr) char cbuf[CMSG_SPACE(kMaxReceivedFds * sizeof(int))];
       msghdr mh{
           .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
       ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
       if (n < 0) continue;
-      int fd = -1;
-      for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-          std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+      std::vector<int> fds;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+          fds.push_back(fd);
+        }
+      }
       counters[s_requests]++;
-      bool ok = n == sizeof m && m.magic == Message::kMessageMagic &&
-                m.generation == map.map().header().generation && m.file < map.map().size();
-      if (ok && m.type == Request::kData && fd >= 0) {
-        copier->data(m.file, fd);
+      bool ok = n == sizeof m && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+                m.magic == Message::kMessageMagic && m.generation == map.map().generation() &&
+                m.file < map.map().size();
+      if (ok && m.type == Request::kData && fds.size() == 2) {
+        copier->data(m.file, fds[0], fds[1]);  // takes both
         continue;
       }
-      if (fd >= 0) close(fd);
-      if (!ok) {
+      for (int fd : fds) close(fd);
+      if (!ok || !fds.empty()) {
         counters[s_ignored]++;
         continue;
       }
@@ -339,41 +349,43 @@ struct Stager {
         case Request::kStale:
           copier->stale(m.file);
           break;
-        case Request::kRelease: {
-          uint32_t s = map.map().entry(m.file).state.load();
-          if (state_of(s) == kClaimed &&
-              map.map().entry(m.file).state.compare_exchange_strong(s, make_state(kNone)))
-            copier->rescan();
+        case Request::kRelease:
+          copier->rescan();
           break;
-        }
         default:
           counters[s_ignored]++;
       }
     }
   }
 
+  static constexpr int kMaxReceivedFds = 16;
+
   // Space kept so that the statistics can still be written once a tier's
   // file system is full (another job may fill it): freed on the first ENOSPC.
   static constexpr const char* kReserveName = "stats.reserve";
   static constexpr off_t kReserveBytes = 1 << 20;
 
-  bool try_write_stats(const std::string& text) {
+  // Writes the statistics atomically; returns 0 or the errno of the step that failed.
+  int try_write_stats(const std::string& text) {
     std::string tmp = std::string(kStatsName) + ".tmp";
     int fd = openat(tier_fds[0], tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
                     0600);
-    bool ok = fd >= 0 && write(fd, text.data(), text.size()) == ssize_t(text.size());
-    if (fd >= 0) ok = close(fd) == 0 && ok;
-    if (!ok) unlinkat(tier_fds[0], tmp.c_str(), 0);
-    return ok && renameat(tier_fds[0], tmp.c_str(), tier_fds[0], kStatsName) == 0;
+    if (fd < 0) return errno;
+    int err = 0;
+    ssize_t w = write(fd, text.data(), text.size());
+    if (w != ssize_t(text.size())) err = w < 0 ? errno : ENOSPC;
+    if (close(fd) != 0 && !err) err = errno;
+    if (!err && renameat(tier_fds[0], tmp.c_str(), tier_fds[0], kStatsName) != 0) err = errno;
+    if (err) unlinkat(tier_fds[0], tmp.c_str(), 0);
+    return err;
   }
 
   void write_stats(bool complete) {
     std::string text = stats->json(complete, copier->idle() ? copier->fill_seconds() : 0);
-    if (try_write_stats(text)) return;
-    if ((errno == ENOSPC || errno == EDQUOT) && unlinkat(tier_fds[0], kReserveName, 0) == 0 &&
-        try_write_stats(text))
-      return;
-    spdlog::warn("cannot write {}/{}: {}", tier_dirs[0], kStatsName, errno_text());
+    int err = try_write_stats(text);
+    if (err && (err == ENOSPC || err == EDQUOT) && unlinkat(tier_fds[0], kReserveName, 0) == 0)
+      err = try_write_stats(text);
+    if (err) spdlog::warn("cannot write {}/{}: {}", tier_dirs[0], kStatsName, std::strerror(err));
   }
 
   // Heartbeat, time series, statistics on disk and dead claims every 100 ms
@@ -394,7 +406,7 @@ struct Stager {
       if (++n % 10 == 0) stats->sample(now);
       if (n % 50 == 0) {
         write_stats(false);
-        copier->reap_claims();
+        copier->reap();
       }
     }
   }
@@ -405,6 +417,7 @@ struct Stager {
     for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);  // threads inherit the mask; main waits
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN);  // a copy above the job's file size limit fails with EFBIG
 
     copier->start();
     std::thread receiver([this] { receive(); });

@@ -1,0 +1,33 @@
+// What the processes of a job tell their stager, and the changes they make to
+// the job map themselves (claims, stale marks). Requests are datagrams sent
+// on a socket opened for the one call: Monarch keeps no descriptor open in
+// the job's processes, so RLIMIT_NOFILE means what it means without Monarch.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+
+#include "jobmap.h"
+#include "protocol.h"
+
+namespace monarch {
+
+// Sends one request; never blocks. `fds` ride along as SCM_RIGHTS.
+bool send(JobMap* m, Request type, uint32_t file, const int* fds = nullptr, int nfds = 0);
+
+// The job changed (or may have changed) the file: from now on every process
+// of the job reads it, and its stat, from the PFS. Done in the map before the
+// caller returns; the stager then deletes the copy.
+void mark_stale(JobMap* m, uint32_t file);
+// Every file and directory at or below directory `dir` (kRoot: the whole dataset).
+void mark_stale_dir(JobMap* m, uint32_t dir);
+// The file or directory with this identity, if it is in the dataset.
+void mark_stale_inode(JobMap* m, const struct stat& st);
+
+// Claims a small file to read it whole (kNone -> kClaimed, stamped now).
+bool claim(JobMap* m, uint32_t file, uint32_t& word);
+// Gives a claim back (the read failed): the file is free to copy.
+void release(JobMap* m, uint32_t file, uint32_t word);
+
+}  // namespace monarch
