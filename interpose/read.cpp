@@ -154,7 +154,10 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
         stuck = now - cs->progress_ns.load(std::memory_order_acquire) > stall;
       }
     }
-    if (stuck || now - start > stall) {
+    // A copy that moves is waited for; one that does not, or a request the
+    // stager does not take up, at most the stall timeout.
+    if (s.state == kNone) stuck = now - start > stall;
+    if (stuck) {
       add(m, c_fb_wait);
       e->gave_up = true;  // this descriptor does not wait again
       return Wait::kPfs;
