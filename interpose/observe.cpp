@@ -62,8 +62,7 @@ int on_stat(int dirfd, const char* path, struct stat* st, int flags, Pass<int> p
   Resolved r = where(dirfd, path, m);
   if (r.where != Where::kFile) return pass();
   if (m->consistency() == 1 || m->state(r.id).state == kStale || !m->fill_stat(r.id, st)) {
-    KeepErrno k;
-    add(m, c_stat_pfs);
+    add(m, c_stat_pfs);  // counters never touch errno: the pass's errno is the caller's
     return pass();
   }
   add(m, c_stat_index);
