@@ -70,8 +70,8 @@ void mark_stale_dir(JobMap* m, uint32_t dir) {
   std::string_view prefix = dir == kRoot ? std::string_view() : m->dir_path(dir);
   if (dir != kRoot) m->dir(dir).stale = 1;
   auto under = [&](std::string_view p) {
-    return prefix.empty() || (p.size() > prefix.size() && p.starts_with(prefix) &&
-                              p[prefix.size()] == '/');
+    return prefix.empty() ||
+           (p.size() > prefix.size() && p.starts_with(prefix) && p[prefix.size()] == '/');
   };
   for (uint64_t d = 0; d < m->dirs(); ++d)
     if (under(m->dir_path(uint32_t(d)))) m->dir(uint32_t(d)).stale = 1;
@@ -80,7 +80,10 @@ void mark_stale_dir(JobMap* m, uint32_t dir) {
   if (!prefix.empty()) {
     while (lo < hi) {
       uint64_t mid = (lo + hi) / 2;
-      if (m->path(uint32_t(mid)) < prefix) lo = mid + 1; else hi = mid;
+      if (m->path(uint32_t(mid)) < prefix)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
   }
   for (uint64_t f = lo; f < m->size() && under(m->path(uint32_t(f))); ++f)
@@ -91,8 +94,10 @@ void mark_stale_inode(JobMap* m, const struct stat& st) {
   if (!m->dataset_dev(st.st_dev)) return;
   if (S_ISDIR(st.st_mode)) {
     int64_t d = m->find_dir_inode(st.st_dev, st.st_ino);
-    if (d == JobMap::kRootDir) mark_stale_dir(m, kRoot);
-    else if (d >= 0) mark_stale_dir(m, uint32_t(d));
+    if (d == JobMap::kRootDir)
+      mark_stale_dir(m, kRoot);
+    else if (d >= 0)
+      mark_stale_dir(m, uint32_t(d));
     return;
   }
   int64_t f = m->find_inode(st.st_dev, st.st_ino);

@@ -43,8 +43,7 @@ int on_fclose(FILE* f, Pass<int> pass) {
     KeepErrno k;
     if (e->stream) {  // stdio reads are not seen: count what the stream consumed
       off_t pos = real::lseek(fd, 0, SEEK_CUR);
-      if (pos > 0)
-        count_read(e, e->kind.load() == kLocal ? Source::kLocal : Source::kPfs, pos);
+      if (pos > 0) count_read(e, e->kind.load() == kLocal ? Source::kLocal : Source::kPfs, pos);
     }
     untrack(e);
   }

@@ -43,12 +43,12 @@ struct Whole {
 
 struct FdEntry {
   std::atomic<uint8_t> kind;
-  uint8_t tier;       // kLocal: the copy's tier
-  bool shared;        // dup'd or inherited: the offset may move under us, read() is not emulated
-  bool gave_up;       // kPfs: never served from a copy again (stall, version, failure)
-  bool placed;        // kPfs: a kPlace was sent for it
-  bool stream;        // opened by fopen: reads are not seen, the offset is counted at fclose
-  bool switched;      // kPfs: already counted as reading from a finished copy
+  uint8_t tier;   // kLocal: the copy's tier
+  bool shared;    // dup'd or inherited: the offset may move under us, read() is not emulated
+  bool gave_up;   // kPfs: never served from a copy again (stall, version, failure)
+  bool placed;    // kPfs: a kPlace was sent for it
+  bool stream;    // opened by fopen: reads are not seen, the offset is counted at fclose
+  bool switched;  // kPfs: already counted as reading from a finished copy
   std::atomic_flag lock;  // kPfs: emulated read() and lseek of one descriptor, between threads
   uint32_t file;
   JobMap* map;

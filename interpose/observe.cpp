@@ -104,8 +104,8 @@ ssize_t on_readlink(int dirfd, const char* path, char* buf, size_t size, Pass<ss
   // The kernel names the PFS file by its real path.
   std::string_view rel = e->map->path(e->file);
   char name[2 * kPathMax];
-  int n = std::snprintf(name, sizeof name, "%s/%.*s", e->map->real_root(), int(rel.size()),
-                        rel.data());
+  int n =
+      std::snprintf(name, sizeof name, "%s/%.*s", e->map->real_root(), int(rel.size()), rel.data());
   if (n <= 0 || size_t(n) >= sizeof name) return pass();
   size_t len = std::min<size_t>(size_t(n), size);
   std::memcpy(buf, name, len);

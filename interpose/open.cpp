@@ -61,8 +61,7 @@ void opened_for_writing(int fd) {
 void changing(int dirfd, const char* path, bool follow) {
   JobMap* m = map_for_changes();
   struct stat st;
-  if (m && path &&
-      real::fstatat(dirfd, path, &st, follow ? 0 : AT_SYMLINK_NOFOLLOW) == 0)
+  if (m && path && real::fstatat(dirfd, path, &st, follow ? 0 : AT_SYMLINK_NOFOLLOW) == 0)
     mark_stale_inode(m, st);
 }
 
@@ -228,7 +227,8 @@ int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass)
   if (!owner()) return pass();  // a vfork child: nothing of Monarch's state is its own
   JobMap* m;
   Resolved r = where(dirfd, path, m);
-  if (r.where != Where::kFile || (flags & (O_CREAT | O_PATH | O_DIRECTORY | O_DIRECT | O_NOATIME)) ||
+  if (r.where != Where::kFile ||
+      (flags & (O_CREAT | O_PATH | O_DIRECTORY | O_DIRECT | O_NOATIME)) ||
       (flags & O_TMPFILE) == O_TMPFILE) {
     int fd = pass();
     if (fd >= 0) untrack(fd);  // a number reused behind Monarch's back

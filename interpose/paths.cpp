@@ -129,8 +129,8 @@ class Walk {
   std::string_view root_, real_;
   char abs_[2 * PATH_MAX + 2];
   size_t n_ = 0;
-  size_t base_ = 0;        // inside: length of abs_ at the dataset root
-  bool physical_ = true;   // outside: abs_ is a physical path, so ".." may remove a component
+  size_t base_ = 0;       // inside: length of abs_ at the dataset root
+  bool physical_ = true;  // outside: abs_ is a physical path, so ".." may remove a component
   bool inside_ = false;
   bool via_real_ = false;  // inside: the root was reached by its real path
 };

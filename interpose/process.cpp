@@ -39,8 +39,8 @@ void update_cwd_hint() {
   }
   size_t n = std::strlen(cwd), rl = P.real_len.load();
   bool related = std::strcmp(cwd, "/") == 0 || has_prefix(cwd, P.root, P.root_len) ||
-                 has_prefix(P.root, cwd, n) || (rl && (has_prefix(cwd, P.real_root, rl) ||
-                                                       has_prefix(P.real_root, cwd, n)));
+                 has_prefix(P.root, cwd, n) ||
+                 (rl && (has_prefix(cwd, P.real_root, rl) || has_prefix(P.real_root, cwd, n)));
   // Until the map is loaded the real root is unknown: stay pessimistic.
   P.cwd_related = related || !rl;
 }
@@ -173,8 +173,8 @@ void note(const char* fmt, ...) {
 bool outside(int dirfd, const char* path) {
   if (!P.enabled || !path || !*path) return true;
   if (path[0] != '/')  // relative to a directory descriptor: not served
-    return dirfd != AT_FDCWD || (!P.cwd_related.load(std::memory_order_relaxed) &&
-                                 !std::strstr(path, ".."));
+    return dirfd != AT_FDCWD ||
+           (!P.cwd_related.load(std::memory_order_relaxed) && !std::strstr(path, ".."));
   size_t rl = P.real_len.load(std::memory_order_relaxed);
   return !has_prefix(path, P.root, P.root_len) && !(rl && has_prefix(path, P.real_root, rl));
 }

@@ -84,7 +84,9 @@ class Position {
   bool ok() const { return pos_ >= 0; }
   uint64_t at() const { return uint64_t(pos_); }
   // The read returned r bytes: a read() moves the offset past them.
-  bool advance(ssize_t r) { return positional_ || r <= 0 || real::lseek(fd_, pos_ + r, SEEK_SET) >= 0; }
+  bool advance(ssize_t r) {
+    return positional_ || r <= 0 || real::lseek(fd_, pos_ + r, SEEK_SET) >= 0;
+  }
 
  private:
   int fd_;
@@ -329,8 +331,7 @@ void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pa
     add(m, c_mmaps);
     // Pages are read later, unseen: the mapped length stands for the bytes read.
     uint64_t n = std::min<uint64_t>(len, m->entry(e->file).size);
-    bool local = (e->kind.load() == kLocal && native_read(e)) ||
-                 (e->kind.load() == kPfs && done);
+    bool local = (e->kind.load() == kLocal && native_read(e)) || (e->kind.load() == kPfs && done);
     add(m, local ? c_tier_bytes + e->tier : c_pfs_served_bytes, n);
   }
   return p;

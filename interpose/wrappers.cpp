@@ -45,7 +45,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
 }  // namespace
 
 // glibc's own test (__OPEN_NEEDS_MODE): O_TMPFILE contains O_DIRECTORY's bit.
-#define MONARCH_NEEDS_MODE(flags) (((flags) & O_CREAT) || ((flags) & O_TMPFILE) == O_TMPFILE)
+#define MONARCH_NEEDS_MODE(flags) (((flags)&O_CREAT) || ((flags)&O_TMPFILE) == O_TMPFILE)
 
 #define MONARCH_OPEN(name, params, args, dirfd)                                          \
   extern "C" MONARCH_EXPORT int name(MONARCH_UNPAREN params, ...) {                      \
@@ -89,23 +89,23 @@ R serve(bool have_real, Fn& fn, Handler handler) {
   }
 // The inline read path: descriptors Monarch did not open, and local copies
 // of files nobody changed (63 of 64 reads; the 64th is timed by the handler).
-#define MONARCH_READ(ret, name, params, args, handler)                              \
-  extern "C" MONARCH_EXPORT ret name params {                                       \
-    if (__builtin_expect(!monarch::real::name, 0)) {                                \
-      monarch::real::resolve();                                                     \
-      if (!monarch::real::name) return errno = ENOSYS, -1;                          \
-    }                                                                               \
-    monarch::FdEntry* e = monarch::tracked(fd);                                     \
-    if (!e) return monarch::real::name args;                                        \
-    if (monarch::native_read(e) && (monarch::t_slot.sample++ & 63) != 0) {          \
-      ret r = monarch::real::name args;                                             \
-      monarch::count_local(e, r);                                                   \
-      return r;                                                                     \
-    }                                                                               \
-    auto fn = [&]() -> ret { return monarch::real::name args; };                    \
-    Pass<ret> pass(fn);                                                             \
-    using namespace monarch;                                                        \
-    return serve<ret>(true, fn, [&]() -> ret { return handler; });                  \
+#define MONARCH_READ(ret, name, params, args, handler)                     \
+  extern "C" MONARCH_EXPORT ret name params {                              \
+    if (__builtin_expect(!monarch::real::name, 0)) {                       \
+      monarch::real::resolve();                                            \
+      if (!monarch::real::name) return errno = ENOSYS, -1;                 \
+    }                                                                      \
+    monarch::FdEntry* e = monarch::tracked(fd);                            \
+    if (!e) return monarch::real::name args;                               \
+    if (monarch::native_read(e) && (monarch::t_slot.sample++ & 63) != 0) { \
+      ret r = monarch::real::name args;                                    \
+      monarch::count_local(e, r);                                          \
+      return r;                                                            \
+    }                                                                      \
+    auto fn = [&]() -> ret { return monarch::real::name args; };           \
+    Pass<ret> pass(fn);                                                    \
+    using namespace monarch;                                               \
+    return serve<ret>(true, fn, [&]() -> ret { return handler; });         \
   }
 #include "wrappers.def"
 #undef MONARCH_OPEN

@@ -294,8 +294,8 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   h->dataset_bytes = bytes;
   result.reload();  // the view checks what was written
   if (!result.map().valid())
-    throw std::runtime_error("the index of " + opt.root + " is inconsistent: " +
-                             std::string(result.map().why()));
+    throw std::runtime_error("the index of " + opt.root +
+                             " is inconsistent: " + std::string(result.map().why()));
   before_publish(result.map());
   if (rename(tmp.c_str(), opt.out_path.c_str()) != 0)
     throw std::runtime_error("cannot publish " + opt.out_path + ": " + std::strerror(errno));

@@ -38,12 +38,11 @@ JobMap::JobMap(void* base, size_t size) {
     uint64_t attr_count, entries_off, strings_off, buckets_off, attrs_off, dirs_off;
     uint64_t dir_buckets_off, slots_off, ino_buckets_off, ino_bucket_count;
     uint32_t tier_count;
-  } h = {live.file_size,       live.file_count,       live.dir_count,
-         live.strings_size,    live.bucket_count,     live.dir_bucket_count,
-         live.attr_count,      live.entries_off,      live.strings_off,
-         live.buckets_off,     live.attrs_off,        live.dirs_off,
-         live.dir_buckets_off, live.slots_off,        live.ino_buckets_off,
-         live.ino_bucket_count, live.tier_count};
+  } h = {live.file_size,       live.file_count,       live.dir_count,       live.strings_size,
+         live.bucket_count,    live.dir_bucket_count, live.attr_count,      live.entries_off,
+         live.strings_off,     live.buckets_off,      live.attrs_off,       live.dirs_off,
+         live.dir_buckets_off, live.slots_off,        live.ino_buckets_off, live.ino_bucket_count,
+         live.tier_count};
   if (std::memcmp(live.magic, kMagic, sizeof kMagic) != 0) {
     why_ = "not a Monarch index of this version (bad magic)";
     return;
@@ -53,9 +52,8 @@ JobMap::JobMap(void* base, size_t size) {
     why_ = "truncated";
     return;
   }
-  bool ok = h.file_count < 0xfffffff0u && h.dir_count < 0xfffffff0u &&
-            h.tier_count <= kMapTiers && h.attr_count <= kNoAttr &&
-            inside(h.entries_off, h.file_count, sizeof(Entry), total) &&
+  bool ok = h.file_count < 0xfffffff0u && h.dir_count < 0xfffffff0u && h.tier_count <= kMapTiers &&
+            h.attr_count <= kNoAttr && inside(h.entries_off, h.file_count, sizeof(Entry), total) &&
             inside(h.strings_off, h.strings_size, 1, total) &&
             inside(h.buckets_off, h.bucket_count, sizeof(uint32_t), total) &&
             inside(h.attrs_off, h.attr_count, sizeof(Attr), total) &&
@@ -63,7 +61,8 @@ JobMap::JobMap(void* base, size_t size) {
             inside(h.dir_buckets_off, h.dir_bucket_count, sizeof(uint32_t), total) &&
             inside(h.slots_off, kProcSlots, sizeof(ProcSlot), total) &&
             inside(h.ino_buckets_off, h.ino_bucket_count, sizeof(uint32_t), total) &&
-            h.ino_buckets_off % 4 == 0 && (h.file_count == 0 || h.ino_bucket_count > h.file_count) &&
+            h.ino_buckets_off % 4 == 0 &&
+            (h.file_count == 0 || h.ino_bucket_count > h.file_count) &&
             h.entries_off % alignof(Entry) == 0 && h.dirs_off % alignof(DirEntry) == 0 &&
             h.slots_off % alignof(ProcSlot) == 0 && h.attrs_off % alignof(Attr) == 0 &&
             h.buckets_off % 4 == 0 && h.dir_buckets_off % 4 == 0 &&

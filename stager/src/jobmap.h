@@ -142,7 +142,8 @@ struct Header {
   uint64_t stall_ns;  // a reader waits for a copy at most this long without progress
   uint64_t entries_off, strings_off, strings_size, buckets_off, bucket_count, attrs_off, attr_count;
   uint64_t dirs_off, dir_count, dir_buckets_off, dir_bucket_count;
-  uint64_t ino_buckets_off, ino_bucket_count;  // files by inode: the job's changes found by identity
+  uint64_t ino_buckets_off,
+      ino_bucket_count;  // files by inode: the job's changes found by identity
   uint64_t root_dev, root_ino;
   uint64_t slots_off;
   char root[kPathMax];                  // dataset root, absolute, lexically normal
@@ -206,7 +207,9 @@ class JobMap {
 
   // The file's state, checked: a word that cannot be a state reads as kFailed
   // (the PFS). REQUIRES id < size().
-  State state(uint32_t id) const { return decode(entries_[id].state.load(std::memory_order_acquire)); }
+  State state(uint32_t id) const {
+    return decode(entries_[id].state.load(std::memory_order_acquire));
+  }
   State decode(uint32_t w) const;
 
   // Id of the file or directory at `rel` (relative to the root, no leading,
