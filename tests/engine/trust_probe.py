@@ -252,7 +252,10 @@ def case_pread_negative():
 
 
 def case_missing():
-    for n in ("missing.bin", "sub/missing", "a.bin/x", "", "sub/../missing"):
+    # An indexed file removed behind Monarch's back (a raw system call, like
+    # another client of the PFS would), and paths that never existed.
+    libc.syscall(87, os.path.join(DS, "u.bin").encode())  # SYS_unlink
+    for n in ("u.bin", "missing.bin", "sub/missing", "a.bin/x", "a.bin/", "", "sub/../missing"):
         p = os.path.join(DS, n) if n else ""
         say(n, attempt(lambda: stat_view(os.stat(p))), read_path(p))
 
@@ -294,6 +297,8 @@ def case_writes():
 
 
 def case_fork_during_stat():
+    import signal
+    import time
     os.chdir(DS)
     stop = False
 
@@ -301,21 +306,32 @@ def case_fork_during_stat():
         while not stop:
             try:
                 os.stat("sub/c.bin")
+                os.chdir(".")
             except OSError:
                 pass
 
-    t = threading.Thread(target=spin)
-    t.start()
+    threads = [threading.Thread(target=spin) for _ in range(4)]
+    for t in threads:
+        t.start()
     ok = 0
-    for _ in range(200):
+    for _ in range(500):
         pid = os.fork()
         if pid == 0:
             os.stat("sub/c.bin")
             os._exit(0)
-        _, st = os.waitpid(pid, 0)
-        ok += st == 0
+        end = time.time() + 5
+        while True:  # a child that hangs is killed and counted as such
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done or time.time() > end:
+                break
+            time.sleep(0.001)
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        ok += done != 0 and st == 0
     stop = True
-    t.join()
+    for t in threads:
+        t.join()
     say("children done", ok)
 
 
