@@ -16,7 +16,9 @@
 // files of several sizes in ds (a few bytes to 8 MiB, nested directories),
 // look-alikes with the same names and sizes but other bytes in out, symbolic
 // links inside ds (out of it, to a file, to a subdirectory, back into it),
-// and for each sequence K a private writable area ds/w/K and out/w/K: the
+// and for each sequence K a private writable area ds/w/K and out/w/K (with
+// other names of ds/w/K's files outside the dataset: out/w/K/wlink, a link
+// to ds/w/K, and out/w/K/hard.txt, a hard link of ds/w/K/f1.txt): the
 // only places a sequence writes, so sequences never change each other's
 // files and the shared files stay the same for the whole run.
 //
@@ -236,6 +238,10 @@ int cmd_setup(const std::string& tree, const std::vector<int>& ids) {
     write_file(w + "/f2.bin", hash_str("f2:" + std::to_string(k)), w_f2_size(k));
     write_file(w + "/d/g.txt", hash_str("g:" + std::to_string(k)), 300);
     write_file(o + "/x.txt", hash_str("x:" + std::to_string(k)), 100);
+    // Other names of the sequence's dataset files, outside the dataset.
+    if (symlink(("../../../ds/w/" + std::to_string(k)).c_str(), (o + "/wlink").c_str()) != 0 ||
+        link((w + "/f1.txt").c_str(), (o + "/hard.txt").c_str()) != 0)
+      die("cannot link in " + o + ": " + strerror(errno));
   }
   return 0;
 }
@@ -266,19 +272,22 @@ const char* const kReadTargets[] = {
     "out/inlink/../a.bin", "out/big1.bin",
     // the sequence's own files
     "ds/w/K/f1.txt", "ds/w/K/f2.bin", "ds/w/K/d/g.txt", "ds/w/K/new.txt", "ds/w/K/d/../f1.txt",
-    "out/w/K/x.txt", "ds/w/K/n2.bin"};
+    "out/w/K/x.txt", "ds/w/K/n2.bin", "out/w/K/wlink/f2.bin", "out/w/K/hard.txt"};
 constexpr int kPlain = 12;
 const char* const kDirTargets[] = {
-    "",        "ds",       "ds/sub",     "ds/sub/deeper", "ds/sub/deeper/most",
-    "out",     "out/dir",  "ds/linkdir", "ds/sublink",    "ds/sub/deeper/up",
-    "ds/w/K",  "ds/w/K/d", "out/w/K",    "ds/w",          "ds/missing",
-    "ds/a.bin"};
-const char* const kWriteTargets[] = {"ds/w/K/f1.txt",  "ds/w/K/f2.bin", "ds/w/K/d/g.txt",
-                                     "ds/w/K/new.txt", "ds/w/K/n2.bin", "ds/w/K/d/../f1.txt",
-                                     "ds/w/K/d/h.txt", "out/w/K/x.txt", "out/w/K/y.bin"};
+    "",         "ds",           "ds/sub",     "ds/sub/deeper", "ds/sub/deeper/most",
+    "out",      "out/dir",      "ds/linkdir", "ds/sublink",    "ds/sub/deeper/up",
+    "ds/w/K",   "ds/w/K/d",     "out/w/K",    "ds/w",          "ds/missing",
+    "ds/a.bin", "out/w/K/wlink"};
+const char* const kWriteTargets[] = {
+    "ds/w/K/f1.txt", "ds/w/K/f2.bin",        "ds/w/K/d/g.txt",   "ds/w/K/new.txt",
+    "ds/w/K/n2.bin", "ds/w/K/d/../f1.txt",   "ds/w/K/d/h.txt",   "out/w/K/x.txt",
+    "out/w/K/y.bin", "out/w/K/wlink/f2.bin", "out/w/K/hard.txt", "out/w/K/wlink/d/g.txt"};
 // Directories that are links: where they physically are (for ".." in relative paths).
-const LinkSpec kPhysical[] = {
-    {"ds/linkdir", "out/dir"}, {"ds/sublink", "ds/sub"}, {"ds/sub/deeper/up", "ds"}};
+const LinkSpec kPhysical[] = {{"ds/linkdir", "out/dir"},
+                              {"ds/sublink", "ds/sub"},
+                              {"ds/sub/deeper/up", "ds"},
+                              {"out/w/K/wlink", "ds/w/K"}};
 
 template <size_t N>
 const char* any(std::mt19937_64& r, const char* const (&a)[N]) {
@@ -316,9 +325,9 @@ class Gen {
     return t;
   }
 
-  static std::string physical(const std::string& dir) {
+  std::string physical(const std::string& dir) {
     for (const LinkSpec& l : kPhysical)
-      if (dir == l.path) return l.target;
+      if (dir == with_k(l.path)) return with_k(l.target);
     return dir;
   }
 

@@ -352,20 +352,29 @@ def check_complete(seqs, ids, what):
 
 def report(diffs, seed, work, budget_s):
     """Prints every differing sequence briefly, then minimizes one per kind."""
-    print(f"DIFFERENCES in {len(diffs)} sequence(s), seed {seed}:")
     kinds = {}
-    for k, which, a, b in diffs:
+    for d in diffs:
+        k, which, a, b = d
+        kinds.setdefault(signature(a, b, first_difference(a, b)), []).append(d)
+    print(f"DIFFERENCES in {len(diffs)} sequence(s), seed {seed}, {len(kinds)} kind(s) "
+          f"(the call, and how it ended directly/through Monarch):")
+    for sig, ds in kinds.items():
+        print(f"  {sig}: {len(ds)} sequence(s): "
+              + " ".join(f"{k}({which})" for k, which, _, _ in ds[:12])
+              + (" ..." if len(ds) > 12 else ""))
+    for k, which, a, b in diffs[:20]:
         i = first_difference(a, b)
-        kinds.setdefault(signature(a, b, i), (k, which, a, b))
-        print(f"sequence {k} ({which}, {CONFIGS[which].strip().replace(chr(10), ', ')}), "
+        print(f"sequence {k} ({which}: {CONFIGS[which].strip().replace(chr(10), ', ')}), "
               f"first difference at line {i}:")
         for j in range(i, min(i + 3, max(len(a), len(b)))):
             print(f"  direct : {a[j] if j < len(a) else '(none)'}")
             print(f"  monarch: {b[j] if j < len(b) else '(none)'}")
+    if len(diffs) > 20:
+        print(f"({len(diffs) - 20} more sequences differ)")
     deadline = time.time() + budget_s
     print(f"minimizing one sequence for each of {len(kinds)} kind(s) of difference "
           f"({', '.join(kinds)}), {budget_s} s in all:")
-    for n, (sig, (k, which, a, b)) in enumerate(kinds.items()):
+    for n, (sig, ((k, which, a, b), *_)) in enumerate(kinds.items()):
         if time.time() >= deadline:
             print(f"  (no time left for {sig})")
             continue
