@@ -36,8 +36,9 @@
 // another holder of the open file (a dup, a forked child) sees.
 // A sequence runs in its own forked child (fresh descriptor table, cwd TREE);
 // its end is a line too: "K.end => exit 0", or the signal that killed it
-// (SIGXFSZ, SIGBUS...), or SIGALRM after 30 s (a hang). "K.fds" lists, with
-// raw calls, every descriptor open at the end and what it is.
+// (SIGXFSZ, SIGBUS...), or SIGALRM after 30 s (a hang). "K.fds" lists every
+// descriptor open at the sequence's end (found with raw calls, so that one
+// the library keeps for itself shows), its flags and offset.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -239,7 +240,9 @@ int cmd_setup(const std::string& tree, const std::vector<int>& ids) {
     write_file(w + "/d/g.txt", hash_str("g:" + std::to_string(k)), 300);
     write_file(o + "/x.txt", hash_str("x:" + std::to_string(k)), 100);
     // Other names of the sequence's dataset files, outside the dataset.
-    if (symlink(("../../../ds/w/" + std::to_string(k)).c_str(), (o + "/wlink").c_str()) != 0 ||
+    unlink((o + "/hard.txt").c_str());  // a tree set up again
+    if ((symlink(("../../../ds/w/" + std::to_string(k)).c_str(), (o + "/wlink").c_str()) != 0 &&
+         errno != EEXIST) ||
         link((w + "/f1.txt").c_str(), (o + "/hard.txt").c_str()) != 0)
       die("cannot link in " + o + ": " + strerror(errno));
   }
@@ -304,7 +307,7 @@ class Gen {
   std::vector<std::string> run() {
     int n = 40 + int(r_() % 41);
     std::vector<std::string> ops;
-    for (int i = 0; i < n; ++i) ops.push_back(op(false));
+    for (int i = 0; i < n; ++i) ops.push_back(op());
     return ops;
   }
 
@@ -312,6 +315,7 @@ class Gen {
   struct Slot {
     std::string target;  // what the generator believes the slot holds ("" when nothing)
     bool dir = false;
+    bool writable = false;
   };
 
   uint64_t pick(uint64_t n) { return n ? r_() % n : 0; }
@@ -391,6 +395,20 @@ class Gen {
     if (!files.empty() && chance(80)) return files[pick(files.size())];
     if (!dirs.empty() && chance(30)) return dirs[pick(dirs.size())];
     return int(pick(kSlots));
+  }
+  // A slot of a kind (directory, writable) most often, if there is one.
+  int slot_where(bool Slot::*what) {
+    std::vector<int> found;
+    for (int i = 0; i < kSlots; ++i)
+      if (!slot_[i].target.empty() && slot_[i].*what) found.push_back(i);
+    return !found.empty() && chance(80) ? found[pick(found.size())] : used_slot();
+  }
+  // A stream slot, most often an open one (or, for fopen, a free one).
+  int stream_slot(bool open) {
+    std::vector<int> found;
+    for (int i = 0; i < kStreams; ++i)
+      if (stream_[i] == open) found.push_back(i);
+    return !found.empty() && chance(85) ? found[pick(found.size())] : int(pick(kStreams));
   }
   int free_slot() {
     for (int tries = 0; tries < 4; ++tries) {
@@ -499,7 +517,7 @@ class Gen {
       if (chance(isdir ? 50 : 5)) flags += "|DIRECTORY";
       if (chance(5)) flags += "|APPEND";
     }
-    slot_[sl] = {target, isdir};
+    slot_[sl] = {target, isdir, w};
     std::string op =
         kind + " " + s(sl) + " " + dir + spell(target, base, !w || chance(50)) + " " + flags;
     if (flags.find("CREAT") != std::string::npos) op += " 0644";
@@ -559,10 +577,10 @@ class Gen {
     return "spawn " + cwd + " " + any(r_, closes) + " " + s(d) + " " + num(target) + " " + prog;
   }
 
-  std::string op(bool) {
+  std::string op() {
     int d = used_slot();
     uint64_t size = slot_size(d);
-    int f = int(pick(kStreams));
+    int f = stream_slot(true);
     std::string fs = "f" + num(f);
     // Weights: the common path (open, read, stat) most, every edge some.
     static const int kWeights[] = {14, 3, 4, 1, 2, 1, 8, 7, 3, 3, 1, 6, 2, 3, 2, 2, 5,
@@ -580,7 +598,9 @@ class Gen {
         static const char* wmodes[] = {"r+", "a", "w", "a+", "r+e"};
         bool w = chance(20);
         std::string t = w ? write_target() : read_target();
-        return "fopen " + fs + " " + spell(t, cwd_, !w) + " " +
+        f = stream_slot(false);
+        stream_[f] = true;
+        return "fopen f" + num(f) + " " + spell(t, cwd_, !w) + " " +
                (w ? any(r_, wmodes) : any(r_, rmodes));
       }
       case 2:
@@ -588,6 +608,7 @@ class Gen {
       case 3:
         return "fseek " + fs + " " + num(offset(100000)) + " " + (chance(50) ? "SET" : "CUR");
       case 4:
+        stream_[f] = false;
         return "fclose " + fs;
       case 5: {
         bool w = chance(20);
@@ -656,7 +677,7 @@ class Gen {
         return op;
       }
       case 23: {
-        int c = int(pick(kSlots));
+        int c = slot_where(&Slot::dir);
         if (slot_[c].dir) cwd_ = slot_[c].target;
         return "fchdir " + s(c);
       }
@@ -728,11 +749,12 @@ class Gen {
                num(int64_t(length(size))) + " " + off;
       }
       case 42:
-        return "write " + s(d) + " " + num(int64_t(pick(20000)));
+        return "write " + s(slot_where(&Slot::writable)) + " " + num(int64_t(pick(20000)));
       case 43:
-        return "pwrite " + s(d) + " " + num(int64_t(pick(20000))) + " " + num(offset(20000));
+        return "pwrite " + s(slot_where(&Slot::writable)) + " " + num(int64_t(pick(20000))) + " " +
+               num(offset(20000));
       case 44:
-        return "ftruncate " + s(d) + " " + num(int64_t(pick(100000)));
+        return "ftruncate " + s(slot_where(&Slot::writable)) + " " + num(int64_t(pick(100000)));
       case 45:
         return "truncate " + path(write_target()) + " " + num(int64_t(pick(100000)));
       case 46:
@@ -752,6 +774,7 @@ class Gen {
   std::mt19937_64 r_;
   std::string cwd_;
   Slot slot_[kSlots];
+  bool stream_[kStreams] = {};  // the generator believes the stream is open
 };
 
 std::vector<std::string> generate(uint64_t seed, int k) {

@@ -504,6 +504,7 @@ def main():
               f"{len(diffs)} sequences differ; {time.time() - t0:.0f} s")
         return 1 if diffs else 0
     finally:
+        Stager.reap()
         shutil.rmtree(work, ignore_errors=True)
 
 
