@@ -24,6 +24,9 @@
 //    is (1) written to --counts FILE (tmp + rename) at start, on SIGUSR1 and after unmount, and
 //    (2) the content of MOUNT/.pfsemu-counts, a virtual file that is not listed, not counted
 //    and recomputed by every read at offset 0.
+//  * --stall-comm NAME: a fault, for tests: READ requests of a thread whose name
+//    (/proc/TID/comm) is NAME never complete, as if the PFS hung on them (until
+//    the session ends). Monarch names its copy threads "monarch-copy".
 //  * SIGTERM/SIGINT/SIGHUP unmount, then write the final counts. Without --foreground the
 //    process daemonizes once mounted; the kernel holds requests until the FUSE handshake is
 //    done, so the mount point is usable as soon as the command returns.
@@ -66,7 +69,7 @@ constexpr double kAttrTimeout = 1.0;
 constexpr unsigned kReadaheadKb = 1024;
 
 struct Options {
-  std::string source, mount, counts;
+  std::string source, mount, counts, stall_comm;
   uint64_t latency_us = 1000, open_latency_us = 1000, bandwidth_mbs = 500, threads = 64;
   bool direct_io = true, foreground = false;
 };
@@ -102,6 +105,19 @@ std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> g_inodes;
 std::atomic<int64_t> g_link_free_ns{0};  // end of the last reserved slot on the shared link
 std::mutex g_counts_file_mu;
 std::atomic<bool> g_stop{false};
+fuse_session* g_session = nullptr;
+
+// The name of the thread that made the request (FUSE gives its thread id).
+std::string CommOf(pid_t tid) {
+  char path[64], name[32] = "";
+  snprintf(path, sizeof path, "/proc/%d/comm", int(tid));
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  ssize_t n = read(fd, name, sizeof name - 1);
+  close(fd);
+  if (n > 0 && name[n - 1] == '\n') --n;
+  return std::string(name, n > 0 ? size_t(n) : 0);
+}
 std::atomic<bool> g_init_seen{false}, g_init_patched{false};
 std::atomic<uint64_t> g_init_unique{0};  // unique id of the kernel's INIT request
 std::atomic<uint32_t> g_init_flags2{0};  // extended capabilities the kernel offered
@@ -315,6 +331,10 @@ void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
       }
       return (void)fuse_reply_buf(req, part.data(), part.size());
     }
+    if (!g_opt.stall_comm.empty() && CommOf(fuse_req_ctx(req)->pid) == g_opt.stall_comm) {
+      while (!g_stop && !(g_session && fuse_session_exited(g_session))) usleep(50000);
+      return (void)fuse_reply_err(req, EIO);
+    }
     const int64_t start = NowNs();
     g_counts.reads++;
     thread_local std::vector<char> buf;
@@ -489,7 +509,8 @@ void SignalThread() {
   fprintf(rc == 0 ? stdout : stderr,
           "usage: monarch-pfsemu --source DIR --mount DIR [--latency-us N (1000)]\n"
           "         [--open-latency-us N (1000)] [--bandwidth-mbs N (500, 0 = unlimited)]\n"
-          "         [--threads N (64)] [--direct-io | --cached] [--counts FILE] [--foreground]\n");
+          "         [--threads N (64)] [--direct-io | --cached] [--counts FILE] [--foreground]\n"
+          "         [--stall-comm THREAD-NAME]\n");
   exit(rc);
 }
 
@@ -521,8 +542,10 @@ std::string RealDir(const std::string& opt, const std::string& path, const std::
 }
 
 void ParseArgs(int argc, char** argv) {
-  const std::map<std::string, std::string*> paths{
-      {"--source", &g_opt.source}, {"--mount", &g_opt.mount}, {"--counts", &g_opt.counts}};
+  const std::map<std::string, std::string*> paths{{"--source", &g_opt.source},
+                                                  {"--mount", &g_opt.mount},
+                                                  {"--counts", &g_opt.counts},
+                                                  {"--stall-comm", &g_opt.stall_comm}};
   const std::map<std::string, std::pair<uint64_t*, uint64_t>> numbers{
       // option -> (value, min)
       {"--latency-us", {&g_opt.latency_us, 0}},
@@ -607,6 +630,7 @@ int main(int argc, char** argv) {
   fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, nullptr);
   fuse_opt_free_args(&args);
   if (se == nullptr) return 1;
+  g_session = se;
   if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, g_opt.mount.c_str()) != 0) {
     fprintf(stderr, "monarch-pfsemu: cannot mount %s\n", g_opt.mount.c_str());
     return 1;

@@ -1,6 +1,7 @@
 #include "copier.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
@@ -15,6 +16,20 @@
 
 namespace monarch {
 namespace {
+
+// A path the index can hold: relative, no empty, "." or ".." component. (The
+// map is the user's file: a damaged one must not make the stager write elsewhere.)
+bool clean_rel(std::string_view rel) {
+  if (rel.empty() || rel.front() == '/' || rel.back() == '/') return false;
+  for (size_t at = 0; at <= rel.size();) {
+    size_t end = rel.find('/', at);
+    if (end == std::string_view::npos) end = rel.size();
+    std::string_view c = rel.substr(at, end - at);
+    if (c.empty() || c == "." || c == "..") return false;
+    at = end + 1;
+  }
+  return true;
+}
 
 bool no_space(int err) {
   return err == ENOSPC || err == EDQUOT;
@@ -42,16 +57,30 @@ void Copier::start() {
   std::stable_sort(backlog_.begin(), backlog_.end(), [this](uint32_t a, uint32_t b) {
     return map_.entry(a).size < map_.entry(b).size;
   });
-  for (unsigned i = 0; i < opt_.threads; ++i) threads_.emplace_back([this] { worker(); });
+  for (unsigned i = 0; i < opt_.threads; ++i)
+    threads_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "monarch-copy");  // for ps, gdb, and fault tests
+      worker();
+    });
 }
 
-void Copier::stop() {
+bool Copier::stop(uint64_t bound_ns) {
   {
-    std::lock_guard lock(mu_);
-    if (stopping_ && threads_.empty()) return;
+    std::unique_lock lock(mu_);
+    if (stopping_ && threads_.empty()) return true;
     stopping_ = true;
+    cv_.notify_all();
+    // A copy thread inside a PFS call that never returns (a hung PFS keeps a
+    // process in uninterruptible sleep) cannot be joined: after the bound it
+    // is left behind, and the caller must not wait for it either.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(bound_ns);
+    if (!exited_cv_.wait_until(lock, deadline, [this] { return exited_ == threads_.size(); })) {
+      spdlog::warn("{} copy threads are stuck in the PFS; leaving them", threads_.size() - exited_);
+      for (auto& t : threads_) t.detach();
+      threads_.clear();
+      return false;
+    }
   }
-  cv_.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
   std::deque<Job> paused, urgent;
@@ -62,10 +91,11 @@ void Copier::stop() {
   }
   for (Job& j : paused) abandon(j, kNone);
   for (Job& j : urgent) {
-    if (j.memfd >= 0) close(j.memfd);
+    if (j.memfd >= 0) close(j.memfd), held_--;
     uint32_t w = map_.entry(j.file).state.load();
     if (state_of(w) == kQueued || state_of(w) == kClaimed) set_state(j.file, w, make_state(kNone));
   }
+  return true;
 }
 
 bool Copier::set_state(uint32_t file, uint32_t expect, uint32_t want) {
@@ -113,6 +143,14 @@ bool Copier::data(uint32_t file, int memfd, int pfs_fd) {
     return false;
   }
   std::lock_guard lock(mu_);
+  // Bytes wait in memory until a copy thread writes them: bounded, so that
+  // stuck copy threads cannot make the stager hold the whole dataset.
+  if (held_ >= kMaxHeld) {
+    close(memfd);
+    count(s_ignored);
+    return false;
+  }
+  held_++;
   urgent_.push_back(Job{.file = file, .urgent = true, .memfd = memfd});
   cv_.notify_one();
   return true;
@@ -189,6 +227,9 @@ void Copier::worker() {
     std::lock_guard lock(mu_);
     running_--;
   }
+  std::lock_guard lock(mu_);
+  exited_++;
+  exited_cv_.notify_all();
 }
 
 bool Copier::next_job(Job& job) {
@@ -199,6 +240,7 @@ bool Copier::next_job(Job& job) {
     if (q) {
       job = q->front();
       q->pop_front();
+      if (q == &urgent_ && job.memfd >= 0) held_--;
       running_++;
       return true;
     }
@@ -270,7 +312,13 @@ bool Copier::begin(Job& job) {
   job.done = 0;
   job.started_ns = monotonic_ns();
 
-  std::string rel(map_.path(job.file));
+  job.rel = std::string(map_.path(job.file));  // one read: published under the name opened
+  const std::string& rel = job.rel;
+  if (!clean_rel(rel)) {
+    count(s_copy_errors);
+    abandon(job, kFailed);
+    return false;
+  }
   if (job.memfd < 0) {
     job.src = openat(opt_.root_fd, rel.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     count(s_pfs_opens);
@@ -397,7 +445,7 @@ void Copier::finish(Job& job) {
   // Start writing the copy back now, while the job still reads the PFS, so that
   // its dirty pages are not flushed during the next epoch's local reads.
   sync_file_range(job.dst, 0, 0, SYNC_FILE_RANGE_WRITE);
-  std::string rel(map_.path(job.file));
+  const std::string& rel = job.rel;
   std::string tmp = tmp_name(job.file), final_name = "data/" + rel;
   int tier_fd = opt_.tier_fds[job.tier];
   int closed = close(job.dst), err = errno;

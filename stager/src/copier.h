@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -44,8 +45,10 @@ class Copier {
 
   void start();
   // Stops the threads; copies under way are abandoned and their temporary
-  // files removed. Idempotent.
-  void stop();
+  // files removed. Idempotent. Returns false when some thread did not stop
+  // within `bound_ns` (stuck in a PFS call): the Copier must then never be
+  // destroyed (the process ends with _exit).
+  bool stop(uint64_t bound_ns = ~0ull);
 
   // A reader asked for `file`: copy it before the backlog.
   void place(uint32_t file);
@@ -75,6 +78,7 @@ class Copier {
     int memfd = -1;  // kData: bytes from a reader
     int tier = -1, slot = -1, src = -1, dst = -1;
     uint32_t copying = 0;  // the state word begin() set, 0 before
+    std::string rel;       // the path begin() read from the map
     uint64_t done = 0;
     uint64_t started_ns = 0;
   };
@@ -110,6 +114,10 @@ class Copier {
   bool rescan_ = false;
   std::atomic<bool> stopping_{false};
   int running_ = 0;
+  int held_ = 0;  // readers' bytes queued, not yet being written
+  size_t exited_ = 0;
+  std::condition_variable exited_cv_;
+  static constexpr int kMaxHeld = 256;
   std::vector<int> free_slots_;
   std::atomic<bool> boost_[kCopySlots];  // a reader waits for the copy in this slot
   uint64_t start_ns_ = 0;

@@ -48,11 +48,19 @@ struct Options {
   std::vector<std::string> tiers;
   int ready_fd = -1;
   bool exit_with_parent = false;
+  bool remove_if_orphaned = false;
+  pid_t parent = 0;
 };
 
-// A start-up failure: printed, sent on the ready pipe, exit status 2.
+// A start-up failure: printed, sent on the ready pipe, exit status 2. Bad
+// input (configuration, dataset, job key, tiers) is the caller's to fix; a
+// fault of the node (a full tier, a failing file system) only means the job
+// runs without Monarch, which the ready line says with "unavailable: ".
 struct StartError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  enum Cause { kInput, kNode };
+  Cause cause;
+  explicit StartError(const std::string& what, Cause c = kInput)
+      : std::runtime_error(what), cause(c) {}
 };
 
 void tell(int fd, const std::string& line) {
@@ -92,7 +100,8 @@ int open_job_dir(const TierConfig& tier, const std::string& job) {
                      "); remove it or use another job key");
   for (const char* sub : {"data", "tmp"})
     if (mkdirat(fd, sub, 0700) != 0 && errno != EEXIST)
-      throw StartError("cannot create " + job_dir(tier, job) + "/" + sub + ": " + errno_text());
+      throw StartError("cannot create " + job_dir(tier, job) + "/" + sub + ": " + errno_text(),
+                       StartError::kNode);
   return fd;
 }
 
@@ -207,7 +216,8 @@ struct Stager {
 
     int lock = openat(tier_fds[0], kLockName, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (lock < 0)
-      throw StartError("cannot open " + tier_dirs[0] + "/" + kLockName + ": " + errno_text());
+      throw StartError("cannot open " + tier_dirs[0] + "/" + kLockName + ": " + errno_text(),
+                       StartError::kNode);
     if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
       // One stager per job and node: it must serve the same dataset.
       std::string other;
@@ -232,7 +242,7 @@ struct Stager {
       const TierConfig& tc = config.tiers[t];
       struct statvfs vfs;
       if (fstatvfs(tier_fds[t], &vfs) != 0)
-        throw StartError("cannot statvfs tier " + tc.path + ": " + errno_text());
+        throw StartError("cannot statvfs tier " + tc.path + ": " + errno_text(), StartError::kNode);
       uint64_t quota = tc.quota_bytes
                            ? tc.quota_bytes
                            : uint64_t(double(vfs.f_blocks) * vfs.f_frsize * tc.quota_percent / 100);
@@ -259,7 +269,7 @@ struct Stager {
     try {
       map = build_index(io, index_stats, [this](JobMap& m) { adopt(m); });
     } catch (const std::runtime_error& e) {
-      throw StartError(e.what());
+      throw StartError(e.what(), StartError::kNode);
     }
     spdlog::info("indexed {} files, {} in {} directories in {:.3f} s ({} skipped); kept {} copies",
                  index_stats.files, human_bytes(double(index_stats.bytes)), index_stats.dirs,
@@ -275,7 +285,8 @@ struct Stager {
     sockaddr_un addr{.sun_family = AF_UNIX};
     std::strcpy(addr.sun_path, kSocketName);
     if (fchdir(tier_fds[0]) != 0 || bind(sock, (sockaddr*)&addr, sizeof addr) != 0)
-      throw StartError("cannot create " + tier_dirs[0] + "/" + kSocketName + ": " + errno_text());
+      throw StartError("cannot create " + tier_dirs[0] + "/" + kSocketName + ": " + errno_text(),
+                       StartError::kNode);
     if (cwd >= 0) (void)!fchdir(cwd), close(cwd);
 
     Header& h = map.map().header();
@@ -425,6 +436,12 @@ struct Stager {
     write_stats(false);
     tell(opt.ready_fd, "ready");
     if (opt.ready_fd >= 0) close(opt.ready_fd);
+    // From now on the log file says everything: the caller's terminal or pipe
+    // is not held (a stager stuck in a hung PFS must not keep a pipe open).
+    if (int null = open("/dev/null", O_RDWR | O_CLOEXEC); null >= 0) {
+      dup2(null, STDIN_FILENO), dup2(null, STDOUT_FILENO), dup2(null, STDERR_FILENO);
+      close(null);
+    }
 
     int sig = 0;
     sigwait(&set, &sig);
@@ -433,12 +450,20 @@ struct Stager {
     stop = true;
     receiver.join();
     ticker.join();
-    copier->stop();
+    bool joined = copier->stop(uint64_t(config.stop_timeout_s) * 500'000'000);
     stats->tick(monotonic_ns());  // the last epoch's end, if the job ended right on it
     write_stats(true);
     unlinkat(tier_fds[0], kSocketName, 0);
     spdlog::info("stopped: {} copies, {} handed over by readers", counters[s_copies].load(),
                  counters[s_handoffs].load());
+    if (opt.remove_if_orphaned && getppid() != opt.parent) {
+      spdlog::info("the parent is gone: removing the job's directories");
+      for (const std::string& d : tier_dirs) remove_tree(d);
+    }
+    if (!joined) {  // threads stuck in the PFS: end without the destructors they would race
+      spdlog::default_logger()->flush();
+      _exit(0);
+    }
     return 0;
   }
 };
@@ -455,7 +480,9 @@ Options parse_args(int argc, char** argv) {
       "tier", po::value(&o.tiers)->composing(), "DIR[:QUOTA], replaces the configured tiers")(
       "log-level", po::value(&o.log_level), "trace, debug, info, warn, error, off")(
       "ready-fd", po::value(&o.ready_fd), "descriptor that gets 'ready' or 'error: ...'")(
-      "exit-with-parent", po::bool_switch(&o.exit_with_parent), "stop when the parent exits");
+      "exit-with-parent", po::bool_switch(&o.exit_with_parent), "stop when the parent exits")(
+      "remove-if-orphaned", po::bool_switch(&o.remove_if_orphaned),
+      "remove the job's directories at exit if the parent is gone (monarch-run killed)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
@@ -479,7 +506,11 @@ int main(int argc, char** argv) {
     std::cerr << "monarch-stager: " << e.what() << " (see --help)\n";
     return 2;
   }
-  if (opt.exit_with_parent) prctl(PR_SET_PDEATHSIG, SIGTERM);
+  opt.parent = getppid();
+  if (opt.exit_with_parent) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != opt.parent) return 0;  // it died before the request took effect
+  }
   Stager s;
   s.opt = opt;
   try {
@@ -493,6 +524,11 @@ int main(int argc, char** argv) {
     override_tiers(s.config, opt.tiers);
     s.root = check_dataset(opt.dataset, s.config);
     s.start();
+  } catch (const StartError& e) {
+    std::cerr << "monarch-stager: " << e.what() << "\n";
+    tell(opt.ready_fd,
+         std::string(e.cause == StartError::kNode ? "error: unavailable: " : "error: ") + e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "monarch-stager: " << e.what() << "\n";
     tell(opt.ready_fd, std::string("error: ") + e.what());
