@@ -29,7 +29,8 @@
 //     start (a map built with raw system calls, which Monarch never sees), or
 //     "new:PATH" for a file the sequence created, "other" off the tree's device;
 //   - st_dev is "tree" or "other"; mtime, ctime and btime are "=" or
-//     "changed" against the raw values at the sequence's start;
+//     "changed" against the raw values at the sequence's start, st_blocks
+//     "=" or its value (ext4 may give one of two equal files an extent block);
 //   - atime is never printed: reads served from copies do not update the PFS
 //     file's atime, by design.
 // Offsets after a call are read with a raw lseek: the kernel's offset is what
@@ -337,7 +338,12 @@ class Gen {
 
   // `target` (tree-relative) written absolute or relative to `base` (a
   // tree-relative directory the generator believes is the current one).
-  std::string spell(const std::string& target, const std::string& base, bool decorate = true) {
+  // The belief can be wrong (a chdir that failed, a renamed directory):
+  // with `area`, a path that changes something keeps its "w/K" component, so
+  // that wherever it resolves it is in this sequence's own area or nowhere,
+  // never a shared directory.
+  std::string spell(const std::string& target, const std::string& base, bool decorate = true,
+                    bool area = false) {
     std::string p;
     if (chance(45)) {
       p = target.empty() ? "<T>" : "<T>/" + target;
@@ -354,6 +360,8 @@ class Gen {
       p += target;
       if (target.empty()) p.pop_back();
     }
+    if (area && p[0] != '<' && p.find("w/" + std::to_string(k_)) == std::string::npos)
+      p = "<T>/" + target;
     if (decorate && chance(10)) {
       switch (pick(5)) {
         case 0: {
@@ -386,6 +394,7 @@ class Gen {
   std::string dir_target() { return with_k(any(r_, kDirTargets)); }
   std::string write_target() { return with_k(any(r_, kWriteTargets)); }
   std::string path(const std::string& t) { return spell(t, cwd_); }
+  std::string wpath(const std::string& t) { return spell(t, cwd_, true, true); }
 
   // A slot, most often one that holds a file, sometimes any.
   int used_slot() {
@@ -519,7 +528,7 @@ class Gen {
     }
     slot_[sl] = {target, isdir, w};
     std::string op =
-        kind + " " + s(sl) + " " + dir + spell(target, base, !w || chance(50)) + " " + flags;
+        kind + " " + s(sl) + " " + dir + spell(target, base, !w || chance(50), w) + " " + flags;
     if (flags.find("CREAT") != std::string::npos) op += " 0644";
     return op;
   }
@@ -600,7 +609,7 @@ class Gen {
         std::string t = w ? write_target() : read_target();
         f = stream_slot(false);
         stream_[f] = true;
-        return "fopen f" + num(f) + " " + spell(t, cwd_, !w) + " " +
+        return "fopen f" + num(f) + " " + spell(t, cwd_, !w, w) + " " +
                (w ? any(r_, wmodes) : any(r_, rmodes));
       }
       case 2:
@@ -612,7 +621,7 @@ class Gen {
         return "fclose " + fs;
       case 5: {
         bool w = chance(20);
-        return "freopen " + fs + " " + path(w ? write_target() : read_target()) + " " +
+        return "freopen " + fs + " " + (w ? wpath(write_target()) : path(read_target())) + " " +
                (w ? "a" : "r");
       }
       case 6:
@@ -756,13 +765,13 @@ class Gen {
       case 44:
         return "ftruncate " + s(slot_where(&Slot::writable)) + " " + num(int64_t(pick(100000)));
       case 45:
-        return "truncate " + path(write_target()) + " " + num(int64_t(pick(100000)));
+        return "truncate " + wpath(write_target()) + " " + num(int64_t(pick(100000)));
       case 46:
-        return "unlink " + path(write_target());
+        return "unlink " + wpath(write_target());
       case 47:
-        return "rename " + path(write_target()) + " " + path(write_target());
+        return "rename " + wpath(write_target()) + " " + wpath(write_target());
       case 48:
-        return "mkdir " + path(with_k("ds/w/K/m" + num(int64_t(pick(2)))));
+        return "mkdir " + wpath(with_k("ds/w/K/m" + num(int64_t(pick(2)))));
       case 49:
         return "nofile " + num(1 + int64_t(pick(3))) + " " + path(read_target());
       default:
@@ -815,24 +824,26 @@ void emit(const std::string& line) {
 
 // ---- the executor ----
 
-struct Times {
+// What a file was at the sequence's start (or at its creation).
+struct Start {
   timespec mtime, ctime, btime;
   bool has_btime;
+  uint64_t blocks;  // ext4 gives equal files unequal counts (an extent block): printed as a change
 };
 struct Rec {
   std::string name;
-  Times t;
+  Start t;
 };
 
 std::string g_tree;                         // absolute, as given
 std::string g_tree_real;                    // realpath
-std::string g_self;                         // this program, for spawned readers
 dev_t g_dev;                                // the tree's device
 std::unordered_map<uint64_t, Rec> g_names;  // inode -> what it was at the sequence's start
 char* g_buf;
 
-Times times_of(const struct statx& sx) {
-  Times t{};
+Start start_of(const struct statx& sx) {
+  Start t{};
+  t.blocks = sx.stx_blocks;
   t.mtime = {sx.stx_mtime.tv_sec, sx.stx_mtime.tv_nsec};
   t.ctime = {sx.stx_ctime.tv_sec, sx.stx_ctime.tv_nsec};
   t.btime = {sx.stx_btime.tv_sec, sx.stx_btime.tv_nsec};
@@ -860,7 +871,7 @@ void walk(const std::string& rel, const std::set<std::string>& skip) {
       struct statx sx;
       if (raw_statx(fd, name.c_str(), AT_SYMLINK_NOFOLLOW, &sx) != 0) continue;
       std::string r = rel.empty() ? name : rel + "/" + name;
-      g_names[sx.stx_ino] = {r, times_of(sx)};
+      g_names[sx.stx_ino] = {r, start_of(sx)};
       if (S_ISDIR(sx.stx_mode) && !skip.count(r)) dirs.push_back(r);
     }
   }
@@ -885,13 +896,17 @@ std::string ino_name(dev_t dev, uint64_t ino) {
   return it == g_names.end() ? "unknown" : it->second.name;
 }
 
-const Times* start_times(dev_t dev, uint64_t ino) {
+const Start* start_times(dev_t dev, uint64_t ino) {
   if (dev != g_dev) return nullptr;
   auto it = g_names.find(ino);
   return it == g_names.end() ? nullptr : &it->second.t;
 }
 
-std::string rel_time(const Times* t, const timespec& now, const timespec Times::*which) {
+std::string rel_blocks(const Start* t, uint64_t now) {
+  return t && t->blocks == now ? "=" : std::to_string(now);
+}
+
+std::string rel_time(const Start* t, const timespec& now, const timespec Start::*which) {
   if (!t) return "-";
   const timespec& was = t->*which;
   return was.tv_sec == now.tv_sec && was.tv_nsec == now.tv_nsec ? "=" : "changed";
@@ -899,15 +914,15 @@ std::string rel_time(const Times* t, const timespec& now, const timespec Times::
 
 std::string fmt_stat(const struct stat& st) {
   char b[256];
-  snprintf(b, sizeof b,
-           "mode=%o nlink=%lu uid=%u gid=%u size=%lld blocks=%lld blksize=%ld rdev=%lu", st.st_mode,
-           (unsigned long)st.st_nlink, st.st_uid, st.st_gid, (long long)st.st_size,
-           (long long)st.st_blocks, (long)st.st_blksize, (unsigned long)st.st_rdev);
-  const Times* t = start_times(st.st_dev, st.st_ino);
-  return std::string(b) + " ino=" + ino_name(st.st_dev, st.st_ino) +
+  snprintf(b, sizeof b, "mode=%o nlink=%lu uid=%u gid=%u size=%lld blksize=%ld rdev=%lu",
+           st.st_mode, (unsigned long)st.st_nlink, st.st_uid, st.st_gid, (long long)st.st_size,
+           (long)st.st_blksize, (unsigned long)st.st_rdev);
+  const Start* t = start_times(st.st_dev, st.st_ino);
+  return std::string(b) + " blocks=" + rel_blocks(t, uint64_t(st.st_blocks)) +
+         " ino=" + ino_name(st.st_dev, st.st_ino) +
          " dev=" + (st.st_dev == g_dev ? "tree" : "other") +
-         " mtime=" + rel_time(t, st.st_mtim, &Times::mtime) +
-         " ctime=" + rel_time(t, st.st_ctim, &Times::ctime);
+         " mtime=" + rel_time(t, st.st_mtim, &Start::mtime) +
+         " ctime=" + rel_time(t, st.st_ctim, &Start::ctime);
 }
 
 std::string fmt_stat64(const struct stat64& s) {
@@ -931,20 +946,21 @@ std::string fmt_statx(const struct statx& sx) {
   dev_t dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
   char b[320];
   snprintf(b, sizeof b,
-           "mask=%x mode=%o nlink=%u uid=%u gid=%u size=%llu blocks=%llu blksize=%u attr=%llx/%llx",
+           "mask=%x mode=%o nlink=%u uid=%u gid=%u size=%llu blksize=%u attr=%llx/%llx",
            sx.stx_mask, sx.stx_mode, sx.stx_nlink, sx.stx_uid, sx.stx_gid,
-           (unsigned long long)sx.stx_size, (unsigned long long)sx.stx_blocks, sx.stx_blksize,
-           (unsigned long long)sx.stx_attributes, (unsigned long long)sx.stx_attributes_mask);
-  const Times* t = start_times(dev, sx.stx_ino);
-  std::string out = std::string(b) + " ino=" + ino_name(dev, sx.stx_ino) +
+           (unsigned long long)sx.stx_size, sx.stx_blksize, (unsigned long long)sx.stx_attributes,
+           (unsigned long long)sx.stx_attributes_mask);
+  const Start* t = start_times(dev, sx.stx_ino);
+  std::string out = std::string(b) + " blocks=" + rel_blocks(t, sx.stx_blocks) +
+                    " ino=" + ino_name(dev, sx.stx_ino) +
                     " dev=" + (dev == g_dev ? "tree" : "other");
   if (sx.stx_mask & STATX_MTIME)
-    out += " mtime=" + rel_time(t, {sx.stx_mtime.tv_sec, sx.stx_mtime.tv_nsec}, &Times::mtime);
+    out += " mtime=" + rel_time(t, {sx.stx_mtime.tv_sec, sx.stx_mtime.tv_nsec}, &Start::mtime);
   if (sx.stx_mask & STATX_CTIME)
-    out += " ctime=" + rel_time(t, {sx.stx_ctime.tv_sec, sx.stx_ctime.tv_nsec}, &Times::ctime);
+    out += " ctime=" + rel_time(t, {sx.stx_ctime.tv_sec, sx.stx_ctime.tv_nsec}, &Start::ctime);
   if (sx.stx_mask & STATX_BTIME)
     out += " btime=" + (t && t->has_btime ? rel_time(t, {sx.stx_btime.tv_sec, sx.stx_btime.tv_nsec},
-                                                     &Times::btime)
+                                                     &Start::btime)
                                           : std::string("-"));
   return out;
 }
@@ -1068,7 +1084,7 @@ class Seq {
     struct statx sx;
     if (c.existed || raw_lstat(c.path.c_str(), &st) != 0) return;
     if (raw_statx(AT_FDCWD, c.path.c_str(), AT_SYMLINK_NOFOLLOW, &sx) != 0) return;
-    g_names[sx.stx_ino] = {"new:" + c.token, times_of(sx)};
+    g_names[sx.stx_ino] = {"new:" + c.token, start_of(sx)};
   }
 
   std::string do_open(const std::vector<std::string>& t) {
@@ -1283,7 +1299,9 @@ class Seq {
     std::string cwd = t[1] == "-" ? "" : path(t[1]);
     int close_mode = t[2] == "close_range" ? 1 : t[2] == "closefrom" ? 2 : 0;
     int d = fd(t[3]), target = int(num(t[4]));
-    std::string prog = t[5] == "true" ? "/bin/true" : t[5] == "reader" ? g_self : "";
+    std::string prog = t[5] == "true"     ? "/bin/true"
+                       : t[5] == "reader" ? "/proc/self/exe"
+                                          : "";  // even if rebuilt meanwhile
     std::string n = t.size() > 6 ? t[6] : "0", what = "child-read", lab = label + "/spawn";
     char* argv[] = {prog.data(), what.data(), lab.data(), n.data(), nullptr};
     char* targv[] = {prog.data(), nullptr};
@@ -1609,7 +1627,7 @@ void run_sequence(int k, const std::vector<std::string>& ops) {
       struct statx sx;
       std::string p = g_tree + "/" + w + ks;
       if (raw_statx(AT_FDCWD, p.c_str(), AT_SYMLINK_NOFOLLOW, &sx) == 0)
-        g_names[sx.stx_ino] = {w + ks, times_of(sx)};
+        g_names[sx.stx_ino] = {w + ks, start_of(sx)};
     }
     Seq s(k);
     for (size_t i = 0; i < ops.size(); ++i) s.run_op(ks + "." + std::to_string(i), ops[i]);
@@ -1636,10 +1654,6 @@ int cmd_exec(const std::string& tree, uint64_t seed, const std::vector<int>& ids
     g_tree = g_tree_real;
   }
   if (g_tree == g_tree_real) g_tree_real.clear();  // one replacement is enough
-  char self[PATH_MAX];
-  ssize_t n = syscall(SYS_readlink, "/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) die("cannot find myself");
-  g_self.assign(self, size_t(n));
   struct rlimit nocore = {0, 0};
   setrlimit(RLIMIT_CORE, &nocore);  // SIGXFSZ and SIGBUS would dump core
   g_buf = static_cast<char*>(aligned_alloc(4096, kBufSize));
@@ -1655,7 +1669,7 @@ int cmd_exec(const std::string& tree, uint64_t seed, const std::vector<int>& ids
   struct statx sx;
   if (raw_statx(AT_FDCWD, g_tree.c_str(), 0, &sx) != 0) die("cannot stat " + g_tree);
   g_dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-  g_names[sx.stx_ino] = {".", times_of(sx)};
+  g_names[sx.stx_ino] = {".", start_of(sx)};
   walk("", {"ds/w", "out/w"});
   if (!ops_file.empty()) {
     run_sequence(ids.at(0), ops);
