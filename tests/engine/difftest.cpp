@@ -795,9 +795,6 @@ std::vector<std::string> generate(uint64_t seed, int k) {
 long raw_fstat(int fd, struct stat* st) {
   return syscall(SYS_fstat, fd, st);
 }
-long raw_lstat(const char* p, struct stat* st) {
-  return syscall(SYS_newfstatat, AT_FDCWD, p, st, AT_SYMLINK_NOFOLLOW);
-}
 long raw_statx(int dirfd, const char* p, int flags, struct statx* sx) {
   return syscall(SYS_statx, dirfd, p, flags, STATX_BASIC_STATS | STATX_BTIME, sx);
 }
@@ -1072,18 +1069,18 @@ class Seq {
   // A file the call may create at `p`: if it did, its inode is named by the
   // op's own spelling of the path from now on (two trees run the same ops).
   struct Creation {
+    int dirfd;
     std::string path, token;
     bool existed;
   };
-  Creation before_create(const std::string& p, const std::string& token) {
+  Creation before_create(const std::string& p, const std::string& token, int dirfd = AT_FDCWD) {
     struct stat st;
-    return {p, token, raw_lstat(p.c_str(), &st) == 0};
+    long r = syscall(SYS_newfstatat, dirfd, p.c_str(), &st, AT_SYMLINK_NOFOLLOW);
+    return {dirfd, p, token, r == 0};
   }
   void after_create(const Creation& c) {
-    struct stat st;
     struct statx sx;
-    if (c.existed || raw_lstat(c.path.c_str(), &st) != 0) return;
-    if (raw_statx(AT_FDCWD, c.path.c_str(), AT_SYMLINK_NOFOLLOW, &sx) != 0) return;
+    if (c.existed || raw_statx(c.dirfd, c.path.c_str(), AT_SYMLINK_NOFOLLOW, &sx) != 0) return;
     g_names[sx.stx_ino] = {"new:" + c.token, start_of(sx)};
   }
 
@@ -1095,7 +1092,7 @@ class Seq {
     std::string p = path(t[at]);
     int flags = parse_flags(t[at + 1]);
     mode_t mode = t.size() > at + 2 ? mode_t(std::stoul(t[at + 2], nullptr, 8)) : 0;
-    Creation c = before_create(p, t[at]);
+    Creation c = before_create(p, t[at], dir);
     int r;
     if (kind == "open")
       r = open(p.c_str(), flags, mode);
