@@ -28,6 +28,8 @@
 //   - an inode is printed as the tree-relative path it had at the sequence's
 //     start (a map built with raw system calls, which Monarch never sees), or
 //     "new:PATH" for a file the sequence created, "other" off the tree's device;
+//     a directory above the tree (reached with one ".." too many) is only
+//     "outside": other programs change it;
 //   - st_dev is "tree" or "other"; mtime, ctime and btime are "=" or
 //     "changed" against the raw values at the sequence's start, st_blocks
 //     "=" or its value (ext4 may give one of two equal files an extent block);
@@ -887,10 +889,17 @@ std::string norm(std::string s) {
   return s;
 }
 
+// An inode on the tree's device that the tree never held is above the tree
+// (a relative path with more ".." than the believed current directory has):
+// a directory other programs change (the work directory, /tmp).
+bool outside_tree(dev_t dev, uint64_t ino) {
+  return dev == g_dev && !g_names.count(ino);
+}
+
 std::string ino_name(dev_t dev, uint64_t ino) {
   if (dev != g_dev) return "other";
   auto it = g_names.find(ino);
-  return it == g_names.end() ? "unknown" : it->second.name;
+  return it == g_names.end() ? "outside" : it->second.name;
 }
 
 const Start* start_times(dev_t dev, uint64_t ino) {
@@ -910,6 +919,8 @@ std::string rel_time(const Start* t, const timespec& now, const timespec Start::
 }
 
 std::string fmt_stat(const struct stat& st) {
+  if (outside_tree(st.st_dev, st.st_ino))
+    return "type=" + std::to_string(st.st_mode >> 12) + " outside";
   char b[256];
   snprintf(b, sizeof b, "mode=%o nlink=%lu uid=%u gid=%u size=%lld blksize=%ld rdev=%lu",
            st.st_mode, (unsigned long)st.st_nlink, st.st_uid, st.st_gid, (long long)st.st_size,
@@ -941,6 +952,8 @@ std::string fmt_stat64(const struct stat64& s) {
 
 std::string fmt_statx(const struct statx& sx) {
   dev_t dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+  if (outside_tree(dev, sx.stx_ino))
+    return "type=" + std::to_string(sx.stx_mode >> 12) + " outside";
   char b[320];
   snprintf(b, sizeof b,
            "mask=%x mode=%o nlink=%u uid=%u gid=%u size=%llu blksize=%u attr=%llx/%llx",
@@ -1444,6 +1457,11 @@ class Seq {
   std::string do_listdir(const std::vector<std::string>& t) {
     DIR* d = opendir(path(t[1]).c_str());
     if (!d) return "NULL " + errname(errno);
+    struct stat st;
+    if (raw_fstat(::dirfd(d), &st) == 0 && outside_tree(st.st_dev, st.st_ino)) {
+      closedir(d);
+      return "outside";
+    }
     std::vector<std::string> names;
     while (dirent* e = readdir(d)) names.push_back(e->d_name);
     closedir(d);

@@ -429,9 +429,6 @@ def run_round(work, seed, ids, plant=False, control=0):
             s.stop()
     out = {name: parse(os.path.join(work, name + ".out")) for name, _ in procs}
     check_complete(out["A"], ids, "direct run")
-    unnamed = [line for lines in out["A"].values() for line in lines if "unknown" in line]
-    if unnamed:  # every inode a direct run sees was in the tree or made by the sequence
-        raise AssertionError(f"the tester does not name an inode of the direct run: {unnamed[0]}")
     diffs = []
     if control:
         check_complete(out["A2"], ids[:control], "control run")
