@@ -323,6 +323,7 @@ def minimize(work, seed, k, name, a_lines, b_lines, deadline):
     small = ddmin(ops, lambda c: attempt.shows(c, sig), deadline)
     Stager.reap()
     a, b = attempt.run(small)
+    Stager.reap()
     print(f"  minimized to {len(small)} op(s) in {attempt.n} attempts, {time.time() - t0:.0f} s"
           f" (monarch-difftest exec TREE --ops FILE --sequence {k}, stager config "
           f"{attempt.name}):")
