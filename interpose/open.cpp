@@ -90,8 +90,8 @@ int open_copy(JobMap* m, uint32_t file, uint32_t tier, int flags) {
 }
 
 bool stuck(const JobMap* m, const State& s, uint64_t now) {
-  if (s.state == kClaimed || s.state == kQueued)
-    return coarse_age_ns(s.aux, coarse_now()) > m->stall_ns();
+  if (s.state == kClaimed) return coarse_age_ns(s.aux, coarse_now()) > m->stall_ns();
+  if (s.state == kQueued) return m->queue_stuck(coarse_age_ns(s.aux, coarse_now()), now);
   if (s.state == kCopying) {
     CopySlot* cs = m->copy_slot(s.aux);
     return !cs || now - cs->progress_ns.load(std::memory_order_acquire) > m->stall_ns();

@@ -142,7 +142,7 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
       }
     }
     bool stuck = false;
-    if (s.state == kQueued) stuck = coarse_age_ns(s.aux, coarse_now()) > stall;
+    if (s.state == kQueued) stuck = m->queue_stuck(coarse_age_ns(s.aux, coarse_now()), now);
     if (s.state == kCopying) {
       CopySlot* cs = m->copy_slot(s.aux);
       if (cs && cs->file.load(std::memory_order_acquire) == e->file + 1) {
@@ -158,7 +158,7 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
     }
     // A copy that moves is waited for; one that does not, or a request the
     // stager does not take up, at most the stall timeout.
-    if (s.state == kNone) stuck = now - start > stall;
+    if (s.state == kNone) stuck = m->queue_stuck(now - start, now);
     if (stuck) {
       add(m, c_fb_wait);
       e->gave_up = true;  // this descriptor does not wait again

@@ -24,9 +24,9 @@
 //    is (1) written to --counts FILE (tmp + rename) at start, on SIGUSR1 and after unmount, and
 //    (2) the content of MOUNT/.pfsemu-counts, a virtual file that is not listed, not counted
 //    and recomputed by every read at offset 0.
-//  * --stall-comm NAME: a fault, for tests: READ requests of a thread whose name
-//    (/proc/TID/comm) is NAME never complete, as if the PFS hung on them (until
-//    the session ends). Monarch names its copy threads "monarch-copy".
+//  * --stall-comm PREFIX: a fault, for tests: READ requests of a thread whose
+//    name (/proc/TID/comm) starts with PREFIX never complete, as if the PFS hung
+//    on them (until the session ends). "monarch-" stalls every read of a stager.
 //  * SIGTERM/SIGINT/SIGHUP unmount, then write the final counts. Without --foreground the
 //    process daemonizes once mounted; the kernel holds requests until the FUSE handshake is
 //    done, so the mount point is usable as soon as the command returns.
@@ -65,12 +65,15 @@
 namespace {
 
 constexpr char kCountsName[] = ".pfsemu-counts";
-constexpr double kAttrTimeout = 1.0;
+// How long the kernel caches names and attributes (--attr-timeout-ms): 0 makes
+// every open look its name up again, as a client sees another client's rename.
+double AttrTimeout();
 constexpr unsigned kReadaheadKb = 1024;
 
 struct Options {
   std::string source, mount, counts, stall_comm;
   uint64_t latency_us = 1000, open_latency_us = 1000, bandwidth_mbs = 500, threads = 64;
+  uint64_t attr_timeout_ms = 1000;  // how long the kernel may trust names and attributes
   bool direct_io = true, foreground = false;
 };
 
@@ -106,6 +109,10 @@ std::atomic<int64_t> g_link_free_ns{0};  // end of the last reserved slot on the
 std::mutex g_counts_file_mu;
 std::atomic<bool> g_stop{false};
 fuse_session* g_session = nullptr;
+
+double AttrTimeout() {
+  return double(g_opt.attr_timeout_ms) / 1000;
+}
 
 // The name of the thread that made the request (FUSE gives its thread id).
 std::string CommOf(pid_t tid) {
@@ -245,7 +252,7 @@ void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     }
     if (fd >= 0) close(fd);
     e.ino = reinterpret_cast<fuse_ino_t>(node);
-    e.attr_timeout = e.entry_timeout = kAttrTimeout;
+    e.attr_timeout = e.entry_timeout = AttrTimeout();
     fuse_reply_entry(req, &e);
   });
 }
@@ -283,7 +290,7 @@ void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     fuse_reply_err(req, errno);
     return;
   }
-  fuse_reply_attr(req, &st, kAttrTimeout);
+  fuse_reply_attr(req, &st, AttrTimeout());
 }
 
 void OnReadlink(fuse_req_t req, fuse_ino_t ino) {
@@ -331,7 +338,7 @@ void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
       }
       return (void)fuse_reply_buf(req, part.data(), part.size());
     }
-    if (!g_opt.stall_comm.empty() && CommOf(fuse_req_ctx(req)->pid) == g_opt.stall_comm) {
+    if (!g_opt.stall_comm.empty() && CommOf(fuse_req_ctx(req)->pid).starts_with(g_opt.stall_comm)) {
       while (!g_stop && !(g_session && fuse_session_exited(g_session))) usleep(50000);
       return (void)fuse_reply_err(req, EIO);
     }
@@ -510,7 +517,7 @@ void SignalThread() {
           "usage: monarch-pfsemu --source DIR --mount DIR [--latency-us N (1000)]\n"
           "         [--open-latency-us N (1000)] [--bandwidth-mbs N (500, 0 = unlimited)]\n"
           "         [--threads N (64)] [--direct-io | --cached] [--counts FILE] [--foreground]\n"
-          "         [--stall-comm THREAD-NAME]\n");
+          "         [--stall-comm THREAD-NAME-PREFIX] [--attr-timeout-ms N (1000)]\n");
   exit(rc);
 }
 
@@ -551,6 +558,7 @@ void ParseArgs(int argc, char** argv) {
       {"--latency-us", {&g_opt.latency_us, 0}},
       {"--open-latency-us", {&g_opt.open_latency_us, 0}},
       {"--bandwidth-mbs", {&g_opt.bandwidth_mbs, 0}},
+      {"--attr-timeout-ms", {&g_opt.attr_timeout_ms, 0}},
       {"--threads", {&g_opt.threads, 1}}};
   bool saw_direct = false, saw_cached = false;
   for (int i = 1; i < argc; i++) {

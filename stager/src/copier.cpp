@@ -50,6 +50,7 @@ Copier::~Copier() {
 
 void Copier::start() {
   start_ns_ = monotonic_ns();
+  map_.header().copied_ns.store(start_ns_);
   // Smallest files first: when the dataset does not fit, the tiers then hold
   // the most files, which saves the most PFS operations in later epochs.
   backlog_.resize(map_.size());
@@ -415,7 +416,9 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
     if (n == 0) break;  // end of file; finish() checks the size
     job.done += n;
     slot.progress.store(job.done, std::memory_order_release);
-    slot.progress_ns.store(monotonic_ns(), std::memory_order_release);
+    uint64_t now = monotonic_ns();
+    slot.progress_ns.store(now, std::memory_order_release);
+    map_.header().copied_ns.store(now, std::memory_order_relaxed);
     // At the indexed size: no read to find the end of the file (a PFS round
     // trip per file); finish() checks the PFS file still has that size.
     if (job.done >= e.size) break;

@@ -190,6 +190,12 @@ bool JobMap::stager_alive(uint64_t now_ns) const {
   return beat && !h_->stopping.load(std::memory_order_relaxed) && now_ns - beat < kHeartbeatFreshNs;
 }
 
+bool JobMap::queue_stuck(uint64_t queued_ns, uint64_t now_ns) const {
+  if (queued_ns > stall_ns_) return true;
+  uint64_t moved = h_->copied_ns.load(std::memory_order_relaxed);
+  return queued_ns > kQueueGraceNs && now_ns - moved > stall_ns_;
+}
+
 bool JobMap::fill_stat(uint32_t id, struct stat* st) const {
   const Attr* a = attr(id);
   if (!a) return false;

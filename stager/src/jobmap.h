@@ -155,11 +155,15 @@ struct Header {
   std::atomic<int32_t> stager_pid;
   std::atomic<uint32_t> stopping;   // the stager is shutting down: do not wait for it
   std::atomic<uint32_t> next_slot;  // next free ProcSlot
+  std::atomic<uint64_t> copied_ns;  // CLOCK_MONOTONIC of the last progress of any copy (or start)
   CopySlot copies[kCopySlots];
 };
 
 // How long a heartbeat stays fresh. Past it, readers stop waiting for copies.
 inline constexpr uint64_t kHeartbeatFreshNs = 2'000'000'000;
+// How long a file may wait in the copy queue before readers stop waiting for
+// it, when no copy at all has moved for the stall timeout (stuck copy threads).
+inline constexpr uint64_t kQueueGraceNs = 20'000'000;
 
 // A state word, decoded and checked against the map it came from.
 struct State {
@@ -225,6 +229,9 @@ class JobMap {
 
   // Is the stager alive and willing to copy?
   bool stager_alive(uint64_t now_ns) const;
+  // Is a file that entered the copy queue `queued_ns` ago stuck there? Yes
+  // after the stall timeout, and sooner when no copy has moved for that long.
+  bool queue_stuck(uint64_t queued_ns, uint64_t now_ns) const;
 
   // Fills `st` from the index. Returns false if the index cannot answer exactly.
   bool fill_stat(uint32_t id, struct stat* st) const;

@@ -90,7 +90,8 @@ class Pfs:
     PFS. The dataset is mount/<basename of source>; the counters live at
     mount/.pfsemu-counts, outside the dataset."""
 
-    def __init__(self, source, latency_us=0, bandwidth_mbs=0, stall_comm=None):
+    def __init__(self, source, latency_us=0, bandwidth_mbs=0, stall_comm=None,
+                 attr_timeout_ms=1000):
         self.tmp = tempfile.mkdtemp(prefix="monarch-pfs-")
         self.mount = os.path.join(self.tmp, "mnt")
         os.mkdir(self.mount)
@@ -98,7 +99,8 @@ class Pfs:
         subprocess.run([PFSEMU, "--source", os.path.dirname(source), "--mount", self.mount,
                         "--latency-us", str(latency_us), "--open-latency-us", str(latency_us),
                         "--bandwidth-mbs", str(bandwidth_mbs), "--direct-io"] +
-                       (["--stall-comm", stall_comm] if stall_comm else []), check=True)
+                       (["--stall-comm", stall_comm] if stall_comm else []) +
+                       ["--attr-timeout-ms", str(attr_timeout_ms)], check=True)
         self.dataset = os.path.join(self.mount, os.path.basename(source))
         self.counts_file = os.path.join(self.mount, ".pfsemu-counts")
 
