@@ -42,23 +42,30 @@ bool send(JobMap* m, Request type, uint32_t file, const int* fds, int nfds) {
 }
 
 namespace {
-// Marks one file stale in the map; true when this call did it.
-bool stale_word(JobMap* m, uint32_t file) {
+// Marks one file stale in the map; true when this call changed the word.
+bool stale_word(JobMap* m, uint32_t file, Change change) {
   std::atomic<uint32_t>& w = m->entry(file).state;
+  uint32_t names = change == Change::kNames ? kNamesOnly : 0;
   for (;;) {
     uint32_t old = w.load();
-    if (state_of(old) == kStale) return false;
-    State s = m->decode(old);
-    // A copy to delete keeps its tier in the word; the stager deletes it.
-    uint32_t want = s.state == kCached ? make_state(kStale, s.tier, 1) : make_state(kStale);
+    uint32_t want;
+    if (state_of(old) == kStale) {  // already: only "bytes changed" can be added
+      if (!(aux_of(old) & kNamesOnly) || names) return false;
+      want = make_state(kStale, tier_of(old), aux_of(old) & ~kNamesOnly);
+    } else {
+      State s = m->decode(old);
+      // A copy to delete keeps its tier in the word; the stager deletes it.
+      want = s.state == kCached ? make_state(kStale, s.tier, kCopyToDelete | names)
+                                : make_state(kStale, 0, names);
+    }
     if (w.compare_exchange_weak(old, want)) return true;
   }
 }
 }  // namespace
 
-void mark_stale(JobMap* m, uint32_t file) {
+void mark_stale(JobMap* m, uint32_t file, Change change) {
   if (file >= m->size()) return;
-  if (stale_word(m, file)) {
+  if (stale_word(m, file, change)) {
     add(m, c_fb_stale);
     send(m, Request::kStale, file);
     note("%.*s changed by the job: read from the PFS from now on", int(m->path(file).size()),
@@ -66,7 +73,7 @@ void mark_stale(JobMap* m, uint32_t file) {
   }
 }
 
-void mark_stale_dir(JobMap* m, uint32_t dir) {
+void mark_stale_dir(JobMap* m, uint32_t dir, Change change) {
   std::string_view prefix = dir == kRoot ? std::string_view() : m->dir_path(dir);
   if (dir != kRoot) m->dir(dir).stale = 1;
   auto under = [&](std::string_view p) {
@@ -87,21 +94,22 @@ void mark_stale_dir(JobMap* m, uint32_t dir) {
     }
   }
   for (uint64_t f = lo; f < m->size() && under(m->path(uint32_t(f))); ++f)
-    if (stale_word(m, uint32_t(f))) send(m, Request::kStale, uint32_t(f));
+    if (stale_word(m, uint32_t(f), change)) send(m, Request::kStale, uint32_t(f));
 }
 
-void mark_stale_inode(JobMap* m, const struct stat& st) {
+void mark_stale_inode(JobMap* m, const struct stat& st, Change change) {
   if (!m->dataset_dev(st.st_dev)) return;
   if (S_ISDIR(st.st_mode)) {
+    // A directory changed: which names lead to the files below it, at most.
     int64_t d = m->find_dir_inode(st.st_dev, st.st_ino);
     if (d == JobMap::kRootDir)
-      mark_stale_dir(m, kRoot);
+      mark_stale_dir(m, kRoot, Change::kNames);
     else if (d >= 0)
-      mark_stale_dir(m, uint32_t(d));
+      mark_stale_dir(m, uint32_t(d), Change::kNames);
     return;
   }
   int64_t f = m->find_inode(st.st_dev, st.st_ino);
-  if (f >= 0) mark_stale(m, uint32_t(f));
+  if (f >= 0) mark_stale(m, uint32_t(f), change);
 }
 
 bool claim(JobMap* m, uint32_t file, uint32_t& word) {

@@ -68,11 +68,21 @@ int on_dup2(int oldfd, int newfd, Pass<int> pass) {
   return fd;
 }
 
-int on_fcntl(int fd, int cmd, Pass<int> pass) {
+int on_fcntl(int fd, int cmd, void* arg, Pass<int> pass) {
   int r = pass();
-  if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && owner()) {
-    KeepErrno k;
+  if (r < 0 || !owner()) return r;
+  KeepErrno k;
+  if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
     follow_dup(fd, r);
+  } else if (cmd == F_SETFL) {
+    // With O_DIRECT the kernel's rules for the PFS file (alignment...) apply
+    // to every read, which Monarch then makes on the PFS; F_SETFL sets all
+    // the flags, so a later call without it clears it.
+    bool direct = reinterpret_cast<long>(arg) & O_DIRECT;
+    if (FdEntry* e = tracked(fd)) {
+      if (direct) e->gave_up = true;
+      e->direct = direct && e->kind.load() == kLocal;
+    }
   }
   return r;
 }

@@ -1,5 +1,6 @@
 #include "fdtable.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -47,7 +48,7 @@ FdEntry* track(int fd, JobMap* m, uint32_t file, Kind kind) {
   if (!e) return nullptr;
   if (e->kind.load()) untrack(e);
   e->tier = 0;
-  e->shared = e->gave_up = e->placed = e->stream = e->switched = false;
+  e->shared = e->gave_up = e->placed = e->stream = e->switched = e->direct = false;
   e->lock.clear();
   e->file = file;
   e->map = m;
@@ -82,6 +83,7 @@ void duplicate(FdEntry* from, int to) {
   e->map = from->map;
   e->dev = from->dev;
   e->ino = from->ino;
+  e->direct = from->direct;
   e->whole = from->whole;
   if (e->whole) e->whole->refs.fetch_add(1);
   e->kind.store(from->kind.load(), std::memory_order_release);

@@ -49,6 +49,7 @@ struct FdEntry {
   bool placed;    // kPfs: a kPlace was sent for it
   bool stream;    // opened by fopen: reads are not seen, the offset is counted at fclose
   bool switched;  // kPfs: already counted as reading from a finished copy
+  bool direct;    // kLocal: O_DIRECT set since open: reads are made on the PFS file
   std::atomic_flag lock;  // kPfs: emulated read() and lseek of one descriptor, between threads
   uint32_t file;
   JobMap* map;
@@ -68,10 +69,12 @@ inline FdEntry* tracked(int fd) {
   return e->kind.load(std::memory_order_acquire) ? e : nullptr;
 }
 
-// A read the kernel answers right on its own: a local copy nobody changed.
+// A read the kernel answers right on its own: a local copy whose bytes nobody
+// changed (names may have: the copy still holds what this descriptor's file holds).
 inline bool native_read(const FdEntry* e) {
-  return e->kind.load(std::memory_order_relaxed) == kLocal &&
-         state_of(e->map->entry(e->file).state.load(std::memory_order_relaxed)) != kStale;
+  if (e->kind.load(std::memory_order_relaxed) != kLocal || e->direct) return false;
+  uint32_t w = e->map->entry(e->file).state.load(std::memory_order_relaxed);
+  return state_of(w) != kStale || (aux_of(w) & kNamesOnly);
 }
 
 // The entry for `fd`, made if needed (null above the table's limit).

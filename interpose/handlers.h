@@ -44,9 +44,11 @@ FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass);
 FILE* on_freopen(const char* path, const char* mode, FILE* stream, Pass<FILE*> pass);
 // A call that may change the file or directory at `path` (relative to dirfd;
 // `follow`: the call follows a final symbolic link): the file's copy is
-// dropped before it runs. `path2` is the second path of rename and link.
-int on_change(int dirfd, const char* path, bool follow, Pass<int> pass);
-int on_change2(int dirfd, const char* path, int dirfd2, const char* path2, Pass<int> pass);
+// dropped before it runs. `names`: it changes only which names lead to the
+// file (unlink, rename), not its bytes. `path2` is the second path of rename and link.
+int on_change(int dirfd, const char* path, bool follow, bool names, Pass<int> pass);
+int on_change2(int dirfd, const char* path, int dirfd2, const char* path2, bool names,
+               Pass<int> pass);
 
 // ---- read (read.cpp) ----
 // read/readv (positional false: they move the offset) and pread/preadv.
@@ -79,7 +81,7 @@ int on_close(int fd, Pass<int> pass);
 int on_fclose(FILE* f, Pass<int> pass);
 int on_dup(int oldfd, Pass<int> pass);
 int on_dup2(int oldfd, int newfd, Pass<int> pass);
-int on_fcntl(int fd, int cmd, Pass<int> pass);
+int on_fcntl(int fd, int cmd, void* arg, Pass<int> pass);
 int on_close_range(unsigned first, unsigned last, int flags, Pass<int> pass);
 void on_closefrom(int lowfd, Pass<void> pass);
 int on_chdir(Pass<int> pass);

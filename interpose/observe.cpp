@@ -73,7 +73,10 @@ int on_fstat(int fd, struct stat* st, Pass<int> pass) {
   FdEntry* e = local_copy(fd);
   if (!e) return pass();
   JobMap* m = e->map;
-  if (native_read(e) && m->consistency() == 0 && m->fill_stat(e->file, st)) {
+  uint32_t w = m->entry(e->file).state.load(std::memory_order_relaxed);
+  bool unchanged = state_of(w) != kStale;
+  if ((unchanged || (aux_of(w) & kNamesOnly)) && m->consistency() == 0 &&
+      m->fill_stat(e->file, st)) {
     add(m, c_stat_index);
     return 0;
   }
@@ -145,8 +148,9 @@ ssize_t on_transfer(int fd_in, const off_t* at, PassFd<ssize_t> call, Pass<ssize
   FdEntry* e = local_copy(fd_in);
   if (!e) return pass();
   // The kernel decides what a transfer from the PFS file does (EXDEV across
-  // file systems...): make it from the PFS file, at this descriptor's offset.
-  int pfd = open_pfs(e);
+  // file systems, O_DIRECT's rules...): make it from the PFS file, at this
+  // descriptor's offset.
+  int pfd = open_pfs(e, e->direct ? O_DIRECT : 0);
   if (pfd < 0) return pass();
   off_t pos = at ? 0 : real::lseek(fd_in, 0, SEEK_CUR);
   ssize_t r = -1;

@@ -58,11 +58,11 @@ void opened_for_writing(int fd) {
 }
 
 // Before a call that changes what `path` names: that file or directory is stale.
-void changing(int dirfd, const char* path, bool follow) {
+void changing(int dirfd, const char* path, bool follow, bool names) {
   JobMap* m = map_for_changes();
   struct stat st;
-  if (m && path && real::fstatat(dirfd, path, &st, follow ? 0 : AT_SYMLINK_NOFOLLOW) == 0)
-    mark_stale_inode(m, st);
+  if (!m || !path || real::fstatat(dirfd, path, &st, follow ? 0 : AT_SYMLINK_NOFOLLOW) != 0) return;
+  mark_stale_inode(m, st, names ? Change::kNames : Change::kBytes);
 }
 
 // Opens the copy of `file` on `tier` with the caller's flags, tracked; -1 when
@@ -171,24 +171,55 @@ void read_whole(JobMap* m, uint32_t file, int fd, FdEntry* e) {
   e->whole = new Whole{{1}, data, size};
 }
 
-// An open for reading of the indexed dataset file `file`.
-int open_file(JobMap* m, uint32_t file, int dirfd, const char* path, int flags, bool stream,
-              Pass<int> pass) {
+// What an open for reading of `file` finds: counted, compared with the PFS
+// under consistency = open, and waited for when a small file's copy is
+// under way. `failed`: the comparison's stat failed (the open will say why).
+State open_state(JobMap* m, uint32_t file, int dirfd, const char* path, bool& failed) {
   add(m, c_opens);
+  failed = false;
   State s = m->state(file);
-  bool alive = m->stager_alive(monotonic_ns());
   if (m->consistency() == 1 && s.state != kStale) {  // the PFS file is compared at every open
     struct stat st;
     add(m, c_stat_pfs);
-    if (real::fstatat(dirfd, path, &st, 0) != 0) return pass();  // the open says why
+    if (real::fstatat(dirfd, path, &st, 0) != 0) {
+      failed = true;
+      return s;
+    }
     if (!m->same_version(file, st)) {
       mark_stale(m, file);
       s = m->state(file);
     }
   }
   bool small = m->entry(file).size <= m->small_file_max();
-  if (small && alive && (s.state == kClaimed || s.state == kQueued || s.state == kCopying))
+  if (small && m->stager_alive(monotonic_ns()) &&
+      (s.state == kClaimed || s.state == kQueued || s.state == kCopying))
     s = wait_small(m, file);
+  return s;
+}
+
+// After the PFS file was opened as `fd`: tracked, and read whole or left to the copy.
+void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
+  add(m, c_pfs_opens);
+  FdEntry* e = track(fd, m, file, kPfs);
+  if (!e) return;
+  e->stream = stream;
+  bool alive = m->stager_alive(monotonic_ns());
+  if (!alive) {
+    add(m, c_fb_no_stager);
+    reload_map();  // a restarted stager publishes a new map
+  }
+  if (!alive || stream || (s.state != kNone && s.state != kQueued && s.state != kCopying)) {
+    e->gave_up = true;  // no copy will serve it: counted, read from the PFS
+    return;
+  }
+  if (m->entry(file).size <= m->small_file_max() && s.state == kNone) read_whole(m, file, fd, e);
+}
+
+// An open for reading of the indexed dataset file `file`.
+int open_file(JobMap* m, uint32_t file, int dirfd, const char* path, int flags, Pass<int> pass) {
+  bool failed;
+  State s = open_state(m, file, dirfd, path, failed);
+  if (failed) return pass();
   if (s.state == kCached) {
     int fd = open_copy(m, file, s.tier, flags);
     if (fd >= 0) return fd;
@@ -196,19 +227,7 @@ int open_file(JobMap* m, uint32_t file, int dirfd, const char* path, int flags, 
   int fd = pass();
   if (fd < 0) return fd;
   KeepErrno k;
-  add(m, c_pfs_opens);
-  FdEntry* e = track(fd, m, file, kPfs);
-  if (!e) return fd;
-  e->stream = stream;
-  if (!alive) {
-    add(m, c_fb_no_stager);
-    reload_map();  // a restarted stager publishes a new map
-  }
-  if (!alive || stream || (s.state != kNone && s.state != kQueued && s.state != kCopying)) {
-    e->gave_up = true;  // no copy will serve it: counted, read from the PFS
-    return fd;
-  }
-  if (small && s.state == kNone) read_whole(m, file, fd, e);
+  opened_pfs(m, file, s, fd, false);
   return fd;
 }
 
@@ -234,7 +253,7 @@ int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass)
     if (fd >= 0) untrack(fd);  // a number reused behind Monarch's back
     return fd;
   }
-  return open_file(m, r.id, dirfd, path, flags, false, pass);
+  return open_file(m, r.id, dirfd, path, flags, pass);
 }
 
 FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
@@ -255,18 +274,33 @@ FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
     if (f) untrack(fileno(f));
     return f;
   }
-  int flags = O_RDONLY | (std::strchr(mode, 'e') ? O_CLOEXEC : 0);
-  auto open_pfs = [&] { return real::open(path, flags); };
-  int fd = open_file(m, r.id, AT_FDCWD, path, flags, true, Pass<int>(open_pfs));
-  if (fd < 0) return nullptr;
-  FILE* f = fdopen(fd, mode);
-  if (!f) {
-    KeepErrno k;
-    untrack(fd);
-    real::close(fd);
-    return nullptr;
+  // The stream itself is glibc's own, made by its fopen (flags, close-on-exec,
+  // what freopen keeps), on the copy or on the PFS file.
+  bool failed;
+  State s = open_state(m, r.id, AT_FDCWD, path, failed);
+  if (!failed && s.state == kCached) {
+    char copy[2 * kPathMax + 64];
+    FILE* f = copy_path(m, r.id, s.tier, copy, sizeof copy) ? real::fopen(copy, mode) : nullptr;
+    struct stat st;
+    FdEntry* e = f && fileno(f) < kTableLimit && real::fstat(fileno(f), &st) == 0
+                     ? track(fileno(f), m, r.id, kLocal)
+                     : nullptr;
+    if (e) {
+      e->tier = uint8_t(s.tier);
+      e->dev = st.st_dev;
+      e->ino = st.st_ino;
+      e->stream = true;
+      add(m, c_tier_opens + s.tier);
+      return f;
+    }
+    if (f) real::fclose(f);
+    add(m, c_fb_error);
   }
-  if (FdEntry* e = tracked(fd)) e->stream = true;
+  FILE* f = pass();
+  if (f && !failed) {
+    KeepErrno k;
+    opened_pfs(m, r.id, s, fileno(f), true);
+  }
   return f;
 }
 
@@ -281,19 +315,20 @@ FILE* on_freopen(const char* path, const char* mode, FILE* stream, Pass<FILE*> p
   return f;
 }
 
-int on_change(int dirfd, const char* path, bool follow, Pass<int> pass) {
+int on_change(int dirfd, const char* path, bool follow, bool names, Pass<int> pass) {
   {
     KeepErrno k;
-    changing(dirfd, path, follow);
+    changing(dirfd, path, follow, names);
   }
   return pass();
 }
 
-int on_change2(int dirfd, const char* path, int dirfd2, const char* path2, Pass<int> pass) {
+int on_change2(int dirfd, const char* path, int dirfd2, const char* path2, bool names,
+               Pass<int> pass) {
   {
     KeepErrno k;
-    changing(dirfd, path, false);
-    changing(dirfd2, path2, false);
+    changing(dirfd, path, false, names);
+    changing(dirfd2, path2, false, names);
   }
   return pass();
 }

@@ -102,6 +102,11 @@ void adopt_inherited() {
     ssize_t n = real::readlink(link, target, sizeof target - 1);
     if (n <= 0) continue;
     target[n] = 0;
+    // A copy the stager deleted since (the job changed its file) is still one.
+    static constexpr char kDeleted[] = " (deleted)";
+    if (size_t(n) > sizeof kDeleted &&
+        std::strcmp(target + n - (sizeof kDeleted - 1), kDeleted) == 0)
+      target[n - (sizeof kDeleted - 1)] = 0;
     const char* at = std::strstr(target, marker);
     if (!at) continue;
     JobMap* m = current_map();
@@ -119,6 +124,7 @@ void adopt_inherited() {
         fe->dev = st.st_dev;
         fe->ino = st.st_ino;
         fe->shared = true;
+        fe->direct = real::fcntl(int(fd), F_GETFL) & O_DIRECT;
       }
       break;
     }

@@ -238,11 +238,12 @@ ssize_t read_pfs_kind(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, 
   return r;
 }
 
-// A copy the job has since changed: read on the PFS file at this descriptor's offset.
+// A copy the job has since changed (or one set to O_DIRECT): read on the PFS
+// file at this descriptor's offset.
 ssize_t read_changed(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, bool positional,
                      Pass<ssize_t> pass) {
   if ((positional && off < 0) || total(iov, cnt) == 0 || !identity(fd, e)) return pass();
-  int pfd = open_pfs(e);
+  int pfd = open_pfs(e, e->direct ? O_DIRECT : 0);
   if (pfd < 0) return pass();
   Position p(fd, e, off, positional);
   ssize_t r = -1;
@@ -299,7 +300,7 @@ void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pa
   void* p = MAP_FAILED;
   bool done = false;
   if (e->kind.load() == kLocal && !native_read(e) && identity(fd, e)) {
-    int pfd = open_pfs(e);  // a changed copy: map the PFS file
+    int pfd = open_pfs(e, e->direct ? O_DIRECT : 0);  // a changed copy: map the PFS file
     if (pfd >= 0) {
       p = real::mmap(addr, len, prot, flags, pfd, off);
       KeepErrno k;

@@ -2,6 +2,7 @@
 // dlsym(RTLD_NEXT, ...) so that Monarch stacks with other preloaded tools.
 #include <dlfcn.h>
 #include <stdarg.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>

@@ -27,10 +27,10 @@ bool pfs_path(const JobMap* m, uint32_t file, char* out, size_t cap) {
   return !rel.empty() && n > 0 && size_t(n) < cap;
 }
 
-int open_pfs(const FdEntry* e) {
+int open_pfs(const FdEntry* e, int flags) {
   char path[2 * kPathMax];
   if (!pfs_path(e->map, e->file, path, sizeof path)) return errno = ENAMETOOLONG, -1;
-  int fd = real::open(path, O_RDONLY | O_CLOEXEC);
+  int fd = real::open(path, O_RDONLY | O_CLOEXEC | flags);
   if (fd >= 0) add(e->map, c_pfs_opens);
   return fd;
 }

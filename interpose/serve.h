@@ -25,9 +25,9 @@ bool partial_path(const JobMap* m, uint32_t file, uint32_t tier, char* out, size
 // <dataset root>/<path>, the PFS file.
 bool pfs_path(const JobMap* m, uint32_t file, char* out, size_t cap);
 
-// Opens the PFS file a tracked descriptor stands for (read-only, for one
-// call); -1 with errno set when it cannot.
-int open_pfs(const FdEntry* e);
+// Opens the PFS file a tracked descriptor stands for, by its path, for one
+// call (read-only, plus `flags`); -1 with errno set when it cannot.
+int open_pfs(const FdEntry* e, int flags = 0);
 
 // Sleeps a little, longer as `round` grows (20 us, then 200 us, then 1 ms).
 void backoff(int round);

@@ -2,6 +2,7 @@
 // the logic is in the handlers (handlers.h).
 #include <errno.h>
 #include <stdarg.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
@@ -48,7 +49,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
 #define MONARCH_NEEDS_MODE(flags) (((flags)&O_CREAT) || ((flags)&O_TMPFILE) == O_TMPFILE)
 // An open that may change a file: whatever its path, it goes to the handler,
 // which finds a dataset file by its identity (another name, a link).
-#define MONARCH_WRITES(flags) (((flags) & O_ACCMODE) != O_RDONLY || ((flags) & O_TRUNC))
+#define MONARCH_WRITES(flags) (((flags)&O_ACCMODE) != O_RDONLY || ((flags)&O_TRUNC))
 
 #define MONARCH_OPEN(name, params, args, dirfd)                                          \
   extern "C" MONARCH_EXPORT int name(MONARCH_UNPAREN params, ...) {                      \

@@ -167,7 +167,7 @@ void Copier::stale(uint32_t file) {
       return;
     }
     if (s.state == kCached) {  // mark it first: no reader opens the copy once it is marked
-      if (set_state(file, w, make_state(kStale, s.tier, 1))) continue;
+      if (set_state(file, w, make_state(kStale, s.tier, kCopyToDelete))) continue;
     } else if (s.state == kNone || s.state == kNoRoom || s.state == kFailed) {
       if (set_state(file, w, make_state(kStale))) return count(s_stale);
     } else {
@@ -181,7 +181,9 @@ void Copier::stale(uint32_t file) {
 void Copier::drop_stale_copy(uint32_t file) {
   uint32_t w = map_.entry(file).state.load();
   State s = map_.decode(w);
-  if (s.state != kStale || s.aux != 1 || !set_state(file, w, make_state(kStale))) return;
+  if (s.state != kStale || !(s.aux & kCopyToDelete) || s.tier >= opt_.tier_fds.size() ||
+      !set_state(file, w, make_state(kStale, 0, s.aux & kNamesOnly)))
+    return;
   std::string name = "data/" + std::string(map_.path(file));
   unlinkat(opt_.tier_fds[s.tier], name.c_str(), 0);
   placement_.release(s.tier, map_.entry(file).size);
@@ -201,7 +203,7 @@ void Copier::reap() {
   for (uint64_t i = 0; i < map_.size(); ++i) {
     uint32_t w = map_.entry(i).state.load(std::memory_order_relaxed);
     State s = map_.decode(w);
-    if (s.state == kStale && s.aux == 1) drop_stale_copy(uint32_t(i));
+    if (s.state == kStale && (s.aux & kCopyToDelete)) drop_stale_copy(uint32_t(i));
     // A claim whose bytes never came (the reader died, hangs, or its
     // datagram was lost): the file is free to copy again.
     if (s.state == kClaimed && coarse_age_ns(s.aux, now) > claim_limit)

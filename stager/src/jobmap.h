@@ -78,6 +78,12 @@ inline constexpr uint32_t aux_of(uint32_t w) {
   return w >> 8;
 }
 
+// `aux` of kStale: the copy (on the word's tier) is still to be deleted; and
+// only names changed (unlink, rename): the file's bytes did not, so an open
+// descriptor of its copy still reads the right ones. Without kNamesOnly the
+// bytes may have changed (a write, a truncate, another version on the PFS).
+inline constexpr uint32_t kCopyToDelete = 1, kNamesOnly = 2;
+
 // Time in the 24 bits of `aux`: CLOCK_MONOTONIC in units of 2^20 ns (about
 // 1 ms), wrapping every 4.9 hours; ages are taken modulo the wrap.
 inline constexpr int kCoarseShift = 20;

@@ -35,6 +35,18 @@
 //     "=" or its value (ext4 may give one of two equal files an extent block);
 //   - atime is never printed: reads served from copies do not update the PFS
 //     file's atime, by design.
+// kNotCompared: three limits of Monarch the README documents ("What Monarch
+// serves, and what it leaves"), which the generator does not produce, each
+// because only a descriptor Monarch would have to hold (visible, counted in
+// RLIMIT_NOFILE) or a read glibc makes internally could close it:
+//   - locks (flock, fcntl, lockf) taken through a descriptor of a copy
+//     exclude other such descriptors, not PFS descriptors of the same file;
+//   - a stdio stream reads through glibc's internal read(): one opened on a
+//     copy keeps the copy's bytes when the job writes the file elsewhere, so
+//     read streams are opened only on files no sequence writes;
+//   - after the job unlinks or renames a cached file, a descriptor of its copy
+//     still reads the right bytes, but fstat and /proc/self/fd show the file
+//     as it was: the sequence moves names only while none of its files is open.
 // Offsets after a call are read with a raw lseek: the kernel's offset is what
 // another holder of the open file (a dup, a forked child) sees.
 // A sequence runs in its own forked child (fresh descriptor table, cwd TREE);
@@ -559,10 +571,10 @@ class Gen {
         return "getfl " + s(d);
       case 5:
         return "close " + s(d);
-      case 6:
-        return "getlk " + s(d) + (chance(50) ? " RD" : " WR");
+      case 6:  // (no locks: see kNotCompared)
+        return "fstat " + s(d);
       case 7:
-        return "flock " + s(d) + (chance(50) ? " EX" : " SH");
+        return "getfl " + s(d);
       case 8:
         return "fdlink " + s(d);
       case 9:
@@ -608,9 +620,11 @@ class Gen {
         static const char* rmodes[] = {"r", "rb", "re", "r"};
         static const char* wmodes[] = {"r+", "a", "w", "a+", "r+e"};
         bool w = chance(20);
-        std::string t = w ? write_target() : read_target();
+        // Read streams only on files the sequence never writes (kNotCompared).
+        std::string t = w ? write_target() : kReadTargets[pick(kPlain)];
         f = stream_slot(false);
         stream_[f] = true;
+        stream_w_[f] = w;
         return "fopen f" + num(f) + " " + spell(t, cwd_, !w, w) + " " +
                (w ? any(r_, wmodes) : any(r_, rmodes));
       }
@@ -623,7 +637,9 @@ class Gen {
         return "fclose " + fs;
       case 5: {
         bool w = chance(20);
-        return "freopen " + fs + " " + (w ? wpath(write_target()) : path(read_target())) + " " +
+        stream_w_[f] = w;
+        return "freopen " + fs + " " +
+               (w ? wpath(write_target()) : path(kReadTargets[pick(kPlain)])) + " " +
                (w ? "a" : "r");
       }
       case 6:
@@ -723,15 +739,10 @@ class Gen {
         return "mmap " + s(d) + " " + num(int64_t(len)) + " " + num(off) + " " +
                (chance(80) ? "PRIVATE" : "SHARED");
       }
-      case 31: {
-        static const char* ops[] = {"EX", "SH", "UN", "EX"};
-        return "flock " + s(d) + " " + any(r_, ops);
-      }
-      case 32: {
-        static const char* t[] = {"RD", "WR", "UN"};
-        return "setlk " + s(d) + " " + any(r_, t) + " " + num(int64_t(pick(100))) + " " +
-               num(int64_t(pick(100)));
-      }
+      case 31:  // (no locks: see kNotCompared)
+        return "getfd " + s(d);
+      case 32:
+        return "fdlink " + s(d);
       case 33:
         return "getfl " + s(d);
       case 34:
@@ -768,9 +779,11 @@ class Gen {
         return "ftruncate " + s(slot_where(&Slot::writable)) + " " + num(int64_t(pick(100000)));
       case 45:
         return "truncate " + wpath(write_target()) + " " + num(int64_t(pick(100000)));
-      case 46:
+      case 46:  // names moved under an open descriptor: see kNotCompared
+        if (w_open()) return "truncate " + wpath(write_target()) + " " + num(int64_t(pick(100000)));
         return "unlink " + wpath(write_target());
       case 47:
+        if (w_open()) return "stat " + wpath(write_target());
         return "rename " + wpath(write_target()) + " " + wpath(write_target());
       case 48:
         return "mkdir " + wpath(with_k("ds/w/K/m" + num(int64_t(pick(2)))));
@@ -781,11 +794,22 @@ class Gen {
     }
   }
 
+  // Is a file of the sequence's own area (ds/w/K, out/w/K) open in a slot or
+  // a stream? Its names then stay put.
+  bool w_open() const {
+    for (const Slot& sl : slot_)
+      if (sl.target.find("/w/") != std::string::npos) return true;
+    for (int i = 0; i < kStreams; ++i)
+      if (stream_[i] && stream_w_[i]) return true;
+    return false;
+  }
+
   int k_;
   std::mt19937_64 r_;
   std::string cwd_;
   Slot slot_[kSlots];
-  bool stream_[kStreams] = {};  // the generator believes the stream is open
+  bool stream_[kStreams] = {};    // the generator believes the stream is open
+  bool stream_w_[kStreams] = {};  // on a file of the sequence's own area
 };
 
 std::vector<std::string> generate(uint64_t seed, int k) {
