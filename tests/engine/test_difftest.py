@@ -2,8 +2,9 @@
 """The differential tester (issue 13): random, seeded sequences of file calls
 (monarch-difftest, tests/engine/difftest.cpp) run once directly on tree A and
 once under the interposition library on trees B1 (stager with stage_ahead =
-no, small_file_max = 64K: files cached as they are read) and B2 (stage_ahead
-= yes, run once everything is cached), half of the sequences on each. The
+no, small_file_max = 64K: files cached as they are read), B2 (stage_ahead
+= yes, run once everything is cached) and B3 (consistency = open), a third
+of the sequences on each. The
 outputs must be equal line by line: each line is one call, its return value,
 errno and what it showed (bytes, offsets, stat fields, flags), normalized so
 that two trees of equal content print the same.
@@ -36,6 +37,7 @@ DIFFTEST = os.path.join(BUILD, "tests", "engine", "monarch-difftest")
 CONFIGS = {
     "B1": "stage_ahead = no\nsmall_file_max = 64K\n",
     "B2": "stage_ahead = yes\n",
+    "B3": "consistency = open\nstage_ahead = yes\nsmall_file_max = 64K\n",
 }
 
 
@@ -389,10 +391,10 @@ def run_round(work, seed, ids, plant=False, control=0):
     `plant`: B1 is a direct tree with one byte changed (the self-check).
     `control`: the first `control` ids also run directly on a second tree A2."""
     t0 = time.time()
-    trees = {n: os.path.join(work, n) for n in ("A", "B1", "B2", "A2")}
-    for n in ("A", "B1") if plant else ("A", "B1", "B2"):
+    trees = {n: os.path.join(work, n) for n in ["A", "A2"] + list(CONFIGS)}
+    for n in ("A", "B1") if plant else ["A"] + list(CONFIGS):
         setup(trees[n], ids)
-    evens, odds = ids[0::2], ids[1::2]
+    parts = {name: ids[i::len(CONFIGS)] for i, name in enumerate(CONFIGS)}
     stagers = {}
     try:
         procs = []
@@ -406,9 +408,9 @@ def run_round(work, seed, ids, plant=False, control=0):
                                                          ids_text(ids)], direct_env(),
                                            os.path.join(work, "B1.out"))))
         else:
-            for name, part in (("B1", evens), ("B2", odds)):
+            for name in parts:
                 stagers[name] = Stager(trees[name], name, work)
-            for name, part in (("B1", evens), ("B2", odds)):
+            for name, part in parts.items():
                 procs.append((name, start_exec(trees[name], ["--seed", str(seed), "--sequences",
                                                              ids_text(part)],
                                                stagers[name].env(),
@@ -438,9 +440,9 @@ def run_round(work, seed, ids, plant=False, control=0):
         check_complete(out["B1"], ids, "planted run")
         diffs += compare(out["A"], out["B1"], "B1")
     else:
-        check_complete(out["B1"], evens, "Monarch run B1")
-        check_complete(out["B2"], odds, "Monarch run B2")
-        diffs += compare(out["A"], out["B1"], "B1") + compare(out["A"], out["B2"], "B2")
+        for name, part in parts.items():
+            check_complete(out[name], part, "Monarch run " + name)
+            diffs += compare(out["A"], out[name], name)
     calls = sum(1 for lines in out["A"].values() for line in lines if is_call(line))
     for n in trees.values():
         shutil.rmtree(n, ignore_errors=True)
