@@ -78,10 +78,15 @@ int on_fcntl(int fd, int cmd, void* arg, Pass<int> pass) {
     // With O_DIRECT the kernel's rules for the PFS file (alignment...) apply
     // to every read, which Monarch then makes on the PFS; F_SETFL sets all
     // the flags, so a later call without it clears it.
+    // The flags belong to the open file: every duplicate of it changes too.
     bool direct = reinterpret_cast<long>(arg) & O_DIRECT;
     if (FdEntry* e = tracked(fd)) {
-      if (direct) e->gave_up = true;
-      e->direct = direct && e->kind.load() == kLocal;
+      uint32_t ofd = e->ofd;
+      for_each_tracked([&](int, FdEntry* d) {
+        if (d->ofd != ofd) return;
+        if (direct) d->gave_up = true;
+        d->direct = direct && d->kind.load() == kLocal;
+      });
     }
   }
   return r;

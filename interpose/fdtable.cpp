@@ -51,6 +51,8 @@ FdEntry* track(int fd, JobMap* m, uint32_t file, Kind kind) {
   e->shared = e->gave_up = e->placed = e->stream = e->switched = e->direct = false;
   e->lock.clear();
   e->file = file;
+  static std::atomic<uint32_t> next_ofd{1};
+  e->ofd = next_ofd.fetch_add(1, std::memory_order_relaxed);
   e->map = m;
   e->dev = e->ino = 0;
   e->whole = nullptr;
@@ -80,6 +82,7 @@ void duplicate(FdEntry* from, int to) {
   e->switched = from->switched;
   e->lock.clear();
   e->file = from->file;
+  e->ofd = from->ofd;
   e->map = from->map;
   e->dev = from->dev;
   e->ino = from->ino;

@@ -52,6 +52,7 @@ struct FdEntry {
   bool direct;    // kLocal: O_DIRECT set since open: reads are made on the PFS file
   std::atomic_flag lock;  // kPfs: emulated read() and lseek of one descriptor, between threads
   uint32_t file;
+  uint32_t ofd;  // the open file (kernel's open file description): shared by duplicates
   JobMap* map;
   uint64_t dev, ino;  // kLocal: the copy's identity, checked before the table is believed
   Whole* whole;       // kPfs: the bytes read whole at open, or null

@@ -46,7 +46,10 @@
 //     read streams are opened only on files no sequence writes;
 //   - after the job unlinks or renames a cached file, a descriptor of its copy
 //     still reads the right bytes, but fstat and /proc/self/fd show the file
-//     as it was: the sequence moves names only while none of its files is open.
+//     as it was: the sequence moves names only while none of its files is open;
+//   - O_DIRECT set with F_SETFL is followed for the descriptor and its
+//     duplicates in the process, not for a stdio stream's own reads: DIRECT
+//     is set only while no stream is open.
 // Offsets after a call are read with a raw lseek: the kernel's offset is what
 // another holder of the open file (a dup, a forked child) sees.
 // A sequence runs in its own forked child (fresh descriptor table, cwd TREE);
@@ -748,8 +751,13 @@ class Gen {
       case 34:
         return "getfd " + s(d);
       case 35: {
+        // DIRECT only while no stream is open: it might be the stream's (kNotCompared).
         static const char* fl[] = {"NONBLOCK", "APPEND", "0", "DIRECT", "NOATIME", "NONBLOCK"};
-        return "setfl " + s(d) + " " + any(r_, fl);
+        std::string f = any(r_, fl);
+        bool streams = false;
+        for (bool open : stream_) streams |= open;
+        if (streams && f == "DIRECT") f = "NONBLOCK";
+        return "setfl " + s(d) + " " + f;
       }
       case 36:
         return "setfd " + s(d) + " " + (chance(50) ? "CLOEXEC" : "0");
