@@ -1,5 +1,7 @@
 // Entry points of the Monarch SPANK plugin: each dispatches on spank_context()
 // to the file of that context, and no exception crosses into Slurm.
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string_view>
 
@@ -55,12 +57,51 @@ void parse_args(int argc, char** argv) {
         s.args.enabled = false;
       }
     } else {
-      log_error("unknown plugstack argument '" + key + "' ignored");
+      log_error("unknown plugstack argument '" + key +
+                "' ignored; accepted: config=PATH, enabled=yes|no");
     }
   }
 }
 
 namespace {
+
+// The Slurm release this plugin was compiled against, as major.minor (22.05).
+// A test build claims another one (MONARCH_SLURM_BUILT_FOR) to see the refusal.
+#ifndef MONARCH_SLURM_BUILT_FOR
+#define MONARCH_SLURM_BUILT_FOR SLURM_VERSION_NUMBER
+#endif
+constexpr unsigned kBuiltMajor = SLURM_VERSION_MAJOR(MONARCH_SLURM_BUILT_FOR);
+constexpr unsigned kBuiltMinor = SLURM_VERSION_MINOR(MONARCH_SLURM_BUILT_FOR);
+
+std::string release(unsigned major, unsigned minor) {
+  char text[16];
+  std::snprintf(text, sizeof text, "%u.%02u", major, minor);
+  return text;
+}
+
+// Slurm checks the version of every plugin it loads except SPANK plugins
+// (src/common/plugin.c), and a SPANK plugin built for another release reads
+// Slurm's structures with the wrong layout. So each process compares the
+// release that loaded it with the one it was built for, once; on a mismatch
+// it logs one line and turns Monarch off (the options stay accepted and do
+// nothing, as with enabled=no, so jobs that ask for Monarch still run).
+void check_slurm_release(spank_t sp) {
+  if (state().release_checked) return;
+  state().release_checked = true;
+  char* major = nullptr;
+  char* minor = nullptr;
+  if (spank_get_item(sp, S_SLURM_VERSION_MAJOR, &major) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_SLURM_VERSION_MINOR, &minor) != ESPANK_SUCCESS || !major || !minor)
+    return;  // every release since 2.x answers; nothing to compare otherwise
+  unsigned running_major = unsigned(std::strtoul(major, nullptr, 10));
+  unsigned running_minor = unsigned(std::strtoul(minor, nullptr, 10));
+  if (running_major == kBuiltMajor && running_minor == kBuiltMinor) return;
+  std::string running = release(running_major, running_minor);
+  log_error("built for Slurm " + release(kBuiltMajor, kBuiltMinor) + " but loaded by Slurm " +
+            running + ": Monarch is off on this host; install the Monarch Slurm plugin built for " +
+            running);
+  state().args.enabled = false;
+}
 
 // Runs a hook; an exception becomes a log line and `on_error`.
 template <class F>
@@ -90,6 +131,7 @@ extern "C" {
 int slurm_spank_init(spank_t sp, int ac, char** av) {
   return guarded("init", 0, [&] {
     parse_args(ac, av);
+    check_slurm_release(sp);
     switch (spank_context()) {
       case S_CTX_LOCAL:
       case S_CTX_REMOTE:
@@ -104,19 +146,20 @@ int slurm_spank_init(spank_t sp, int ac, char** av) {
 int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
   return guarded("init_post_opt", 0, [&] {
     parse_args(ac, av);
+    check_slurm_release(sp);
     return spank_context() == S_CTX_REMOTE ? remote_init_post_opt(sp) : 0;
   });
 }
 
 int slurm_spank_task_init(spank_t sp, int ac, char** av) {
-  return guarded("task_init", 0, [&] {
-    return spank_context() == S_CTX_REMOTE ? remote_task_init(sp) : 0;
-  });
+  return guarded("task_init", 0,
+                 [&] { return spank_context() == S_CTX_REMOTE ? remote_task_init(sp) : 0; });
 }
 
 int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
   return guarded("job_epilog", 0, [&] {
     parse_args(ac, av);
+    check_slurm_release(sp);
     return spank_context() == S_CTX_JOB_SCRIPT ? job_epilog(sp) : 0;
   });
 }

@@ -39,6 +39,7 @@ struct Request {
 // job-script process). Reached through state(): option callbacks get no handle.
 struct State {
   bool args_parsed = false;
+  bool release_checked = false;  // the Slurm release that loaded us was compared
   Args args;
   Request request;
   // Remote context, filled by init_post_opt for the task hooks:

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -16,11 +17,6 @@ namespace monarch {
 namespace po = boost::program_options;
 
 namespace {
-
-constexpr const char* kGeneralKeys =
-    "copy_threads, log_level, report_dir, consistency, small_file_max, stage_ahead, "
-    "stall_timeout, start_timeout, stop_timeout";
-constexpr const char* kTierKeys = "path, quota, block_size";
 
 std::string trim(std::string_view s) {
   size_t b = s.find_first_not_of(" \t\r");
@@ -91,20 +87,21 @@ unsigned parse_count(const std::string& v, unsigned lo, unsigned hi) {
   errno = 0;
   unsigned long n = std::strtoul(v.c_str(), &end, 10);
   if (v.empty() || *end || errno || n < lo || n > hi || v[0] == '-')
-    throw std::invalid_argument("accepted: a whole number from " + std::to_string(lo) + " to " +
-                                std::to_string(hi));
+    throw std::invalid_argument("");
   return static_cast<unsigned>(n);
 }
 
-// "80%" or a size. Returns false for a percentage outside (0, 100].
+constexpr const char* kQuotaAccepted =
+    "a size such as 500G or a share of the file system such as 80%";
+
+// "80%" or a size. Throws std::invalid_argument with the reason, "" when
+// kQuotaAccepted says it all.
 void parse_quota(const std::string& v, TierConfig& tier) {
-  const char* accepted = "accepted: a size such as 500G or a share of the file system such as 80%";
   if (!v.empty() && v.back() == '%') {
     char* end = nullptr;
     double p = std::strtod(v.c_str(), &end);
     if (end != v.c_str() + v.size() - 1 || !(p > 0 && p <= 100))
-      throw std::invalid_argument(std::string("a percentage must be above 0 and at most 100; ") +
-                                  accepted);
+      throw std::invalid_argument("a percentage must be above 0 and at most 100");
     tier.quota_percent = p;
     tier.quota_bytes = 0;
     return;
@@ -113,15 +110,137 @@ void parse_quota(const std::string& v, TierConfig& tier) {
     tier.quota_bytes = parse_size(v);
     tier.quota_percent = 0;
   } catch (const std::invalid_argument&) {
-    throw std::invalid_argument(accepted);
+    throw std::invalid_argument("");
   }
-  if (tier.quota_bytes == 0) throw std::invalid_argument(std::string("must not be 0; ") + accepted);
+  if (tier.quota_bytes == 0) throw std::invalid_argument("must not be 0");
 }
 
 void check_tier_path(const std::string& path) {
   if (path.empty() || path[0] != '/') throw std::invalid_argument("must be an absolute path");
   if (path.find("/../") != std::string::npos || path.ends_with("/.."))
     throw std::invalid_argument("must not contain '..'");
+}
+
+// "reason; accepted: what" or "accepted: what".
+std::string with_accepted(const std::string& reason, const std::string& accepted) {
+  return (reason.empty() ? "" : reason + "; ") + "accepted: " + accepted;
+}
+
+// One key of monarch.conf: its name, the values it accepts in words (every
+// error about it ends with them, and monarch.conf(5) quotes them: a test
+// compares), and how a value is stored into `Target` (Config, or TierConfig
+// for [tier.NAME]). `set` throws std::invalid_argument with a reason, or ""
+// when the accepted values say it all.
+template <class Target>
+struct KeyRule {
+  std::string name, accepted;
+  std::function<void(const std::string& value, Target&)> set;
+};
+
+template <class Target>
+KeyRule<Target> count_key(const char* name, unsigned lo, unsigned hi, unsigned Target::*field) {
+  return {name, "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi),
+          [=](const std::string& v, Target& t) { t.*field = parse_count(v, lo, hi); }};
+}
+
+template <class Target>
+KeyRule<Target> size_key(const char* name, uint64_t lo, uint64_t hi, const char* lo_text,
+                         const char* hi_text, uint64_t Target::*field) {
+  return {name,
+          std::string("a size from ") + lo_text + " to " + hi_text +
+              " (bytes, or with a K, M, G or T suffix: powers of 1024)",
+          [=](const std::string& v, Target& t) {
+            uint64_t n;
+            try {
+              n = parse_size(v);
+            } catch (const std::invalid_argument&) {
+              throw std::invalid_argument("");
+            }
+            if (n < lo || n > hi) throw std::invalid_argument("");
+            t.*field = n;
+          }};
+}
+
+// A key whose value is one of a few words, each naming a value of the field.
+template <class Target, class T>
+KeyRule<Target> choice_key(const char* name, std::vector<std::pair<std::string, T>> choices,
+                           T Target::*field) {
+  std::string accepted;
+  for (const auto& [word, value] : choices) accepted += (accepted.empty() ? "" : ", ") + word;
+  return {name, accepted, [=](const std::string& v, Target& t) {
+            for (const auto& [word, value] : choices)
+              if (v == word) return void(t.*field = value);
+            throw std::invalid_argument("");
+          }};
+}
+
+// The general keys, before any section, in the order monarch.conf(5) lists them.
+const std::vector<KeyRule<Config>>& general_keys() {
+  static const std::vector<KeyRule<Config>> keys = {
+      count_key("copy_threads", 1, 256, &Config::copy_threads),
+      choice_key<Config, std::string>("log_level",
+                                      {{"trace", "trace"},
+                                       {"debug", "debug"},
+                                       {"info", "info"},
+                                       {"warn", "warn"},
+                                       {"error", "error"},
+                                       {"off", "off"}},
+                                      &Config::log_level),
+      {"report_dir", "an absolute path, or nothing for the job's working directory",
+       [](const std::string& v, Config& c) {
+         if (!v.empty() && v[0] != '/') throw std::invalid_argument("not an absolute path");
+         c.report_dir = v;
+       }},
+      choice_key<Config, Consistency>("consistency",
+                                      {{"job", Consistency::kJob}, {"open", Consistency::kOpen}},
+                                      &Config::consistency),
+      size_key("small_file_max", 0, 64u << 20, "0", "64M", &Config::small_file_max),
+      {"stage_ahead", "yes, no",
+       [](const std::string& v, Config& c) {
+         if (!parse_bool(v, c.stage_ahead)) throw std::invalid_argument("");
+       }},
+      count_key("stall_timeout", 1, 60000, &Config::stall_timeout_ms),
+      count_key("start_timeout", 0, 3600, &Config::start_timeout_s),
+      count_key("stop_timeout", 1, 600, &Config::stop_timeout_s),
+  };
+  return keys;
+}
+
+// The keys of a [tier.NAME] section.
+const std::vector<KeyRule<TierConfig>>& tier_keys() {
+  static const std::vector<KeyRule<TierConfig>> keys = {
+      {"path", "an absolute path without '..'",
+       [](const std::string& v, TierConfig& t) {
+         check_tier_path(v);
+         t.path = v;
+       }},
+      {"quota", kQuotaAccepted, [](const std::string& v, TierConfig& t) { parse_quota(v, t); }},
+      size_key("block_size", 64 << 10, 1ull << 30, "64K", "1G", &TierConfig::block_size),
+  };
+  return keys;
+}
+
+template <class Target>
+std::string names_of(const std::vector<KeyRule<Target>>& keys) {
+  std::string out;
+  for (const KeyRule<Target>& k : keys) out += (out.empty() ? "" : ", ") + k.name;
+  return out;
+}
+
+// Stores `value` with the rule named `field`; false when there is none.
+template <class Target>
+bool apply(const std::vector<KeyRule<Target>>& keys, const std::string& field,
+           const std::string& value, Target& target) {
+  for (const KeyRule<Target>& k : keys) {
+    if (k.name != field) continue;
+    try {
+      k.set(value, target);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(with_accepted(e.what(), k.accepted));
+    }
+    return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -199,53 +318,14 @@ Config load_config(const std::string& path) {
             r.fail(line, key, value, "at most " + std::to_string(kMaxTiers) + " tiers");
           c.tiers.push_back(TierConfig{.name = name});
         }
-        TierConfig& t = c.tiers[it->second];
-        if (field == "path")
-          check_tier_path(value), t.path = value;
-        else if (field == "quota")
-          parse_quota(value, t);
-        else if (field == "block_size") {
-          t.block_size = parse_size(value);
-          if (t.block_size < (64 << 10) || t.block_size > (1ull << 30))
-            throw std::invalid_argument("accepted: from 64K to 1G");
-        } else
+        if (!apply(tier_keys(), field, value, c.tiers[it->second]))
           r.fail(line, key, value,
-                 std::string("unknown key; accepted in [tier.NAME]: ") + kTierKeys);
+                 "unknown key; accepted in [tier.NAME]: " + names_of(tier_keys()));
       } else if (key.find('.') != std::string::npos) {
         r.fail(line, key, value,
                "unknown section; accepted: general keys before any section, and [tier.NAME]");
-      } else if (key == "copy_threads") {
-        c.copy_threads = parse_count(value, 1, 256);
-      } else if (key == "log_level") {
-        static const std::set<std::string> levels = {"trace", "debug", "info",
-                                                     "warn",  "error", "off"};
-        if (!levels.count(value))
-          throw std::invalid_argument("accepted: trace, debug, info, warn, error, off");
-        c.log_level = value;
-      } else if (key == "report_dir") {
-        if (!value.empty() && value[0] != '/')
-          throw std::invalid_argument("must be an absolute path, or empty for the job's directory");
-        c.report_dir = value;
-      } else if (key == "consistency") {
-        if (value == "job")
-          c.consistency = Consistency::kJob;
-        else if (value == "open")
-          c.consistency = Consistency::kOpen;
-        else
-          throw std::invalid_argument("accepted: job, open");
-      } else if (key == "small_file_max") {
-        c.small_file_max = parse_size(value);
-        if (c.small_file_max > (64u << 20)) throw std::invalid_argument("accepted: from 0 to 64M");
-      } else if (key == "stage_ahead") {
-        if (!parse_bool(value, c.stage_ahead)) throw std::invalid_argument("accepted: yes, no");
-      } else if (key == "stall_timeout") {
-        c.stall_timeout_ms = parse_count(value, 1, 60000);
-      } else if (key == "start_timeout") {
-        c.start_timeout_s = parse_count(value, 0, 3600);
-      } else if (key == "stop_timeout") {
-        c.stop_timeout_s = parse_count(value, 1, 600);
-      } else {
-        r.fail(line, key, value, std::string("unknown key; accepted: ") + kGeneralKeys);
+      } else if (!apply(general_keys(), key, value, c)) {
+        r.fail(line, key, value, "unknown key; accepted: " + names_of(general_keys()));
       }
     } catch (const std::invalid_argument& e) {
       r.fail(line, key, value, e.what());
@@ -254,8 +334,8 @@ Config load_config(const std::string& path) {
   for (const TierConfig& t : c.tiers) {
     if (t.path.empty()) throw ConfigError(path + ": section [tier." + t.name + "] has no 'path'");
     if (!t.quota_bytes && !t.quota_percent)
-      throw ConfigError(path + ": section [tier." + t.name +
-                        "] has no 'quota' (a size such as 500G or a share such as 80%)");
+      throw ConfigError(path + ": section [tier." + t.name + "] has no 'quota' (" + kQuotaAccepted +
+                        ")");
   }
   if (c.tiers.empty())
     throw ConfigError(path + ": no node-local tier: add a section [tier.NAME] with path and quota");
@@ -273,8 +353,8 @@ void override_tiers(Config& config, const std::vector<std::string>& specs) {
     t.path = spec.substr(0, colon);
     std::string quota = colon == std::string::npos ? "100%" : spec.substr(colon + 1);
     try {
-      check_tier_path(t.path);
-      parse_quota(quota, t);
+      apply(tier_keys(), "path", t.path, t);
+      apply(tier_keys(), "quota", quota, t);
     } catch (const std::invalid_argument& e) {
       throw ConfigError("--tier '" + spec + "': " + e.what() + " (format DIR or DIR:QUOTA)");
     }

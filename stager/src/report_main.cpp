@@ -1,9 +1,5 @@
 // monarch-report: shows what Monarch did for a job.
-//   monarch-report FILE|JOBID              the summary
-//   monarch-report --json FILE|JOBID       the report JSON (schema monarch-report/1)
-//   monarch-report --svg OUT FILE|JOBID    the picture
-//   monarch-report --write DIR STATS       monarch-<job>.txt, .json, .svg into DIR
-//   monarch-report --explain               every counter and its meaning
+// Its modes are the table modes() below.
 // FILE is statistics (stats.json) or a report (monarch-<job>.json). JOBID is
 // a Slurm job id (42 or job42): its monarch-job42.json, and the per-node
 // monarch-job42-<host>.json of a job of several nodes, are looked for in the
@@ -24,12 +20,41 @@
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: monarch-report [--json | --svg OUT] FILE|JOBID\n"
-    "       monarch-report --write DIR STATS_JSON\n"
-    "       monarch-report --explain\n"
-    "FILE: a job's statistics or report JSON; JOBID: a Slurm job id (42 or job42),\n"
-    "found as monarch-job42.json in the current directory, then in $MONARCH_REPORT_DIR.\n";
+// What monarch-report accepts: each mode's flag ("" for the summary), its
+// arguments and what it does. The usage text and the parser both read this
+// table; monarch-report(1) documents each row (a test compares).
+enum class Mode { kSummary, kJson, kSvg, kWrite, kExplain, kHelp };
+struct ModeRule {
+  Mode mode;
+  const char* flag;
+  std::vector<const char*> args;
+  const char* what;
+};
+const std::vector<ModeRule>& modes() {
+  static const std::vector<ModeRule> rules = {
+      {Mode::kSummary, "", {"FILE|JOBID"}, "the summary"},
+      {Mode::kJson, "--json", {"FILE|JOBID"}, "the report JSON (schema monarch-report/1)"},
+      {Mode::kSvg, "--svg", {"OUT", "FILE|JOBID"}, "the picture, written to OUT"},
+      {Mode::kWrite, "--write", {"DIR", "STATS"}, "the .txt, .json and .svg into DIR"},
+      {Mode::kExplain, "--explain", {}, "every counter of the statistics and its meaning"},
+      {Mode::kHelp, "--help", {}, "this text (also -h)"},
+  };
+  return rules;
+}
+
+std::string usage() {
+  std::string u;
+  for (const ModeRule& m : modes()) {
+    std::string line = std::string(u.empty() ? "usage: " : "       ") + "monarch-report";
+    if (*m.flag) line += std::string(" ") + m.flag;
+    for (const char* a : m.args) line += std::string(" ") + a;
+    line.resize(std::max<size_t>(line.size() + 2, 52), ' ');
+    u += line + m.what + "\n";
+  }
+  return u +
+         "FILE: a job's statistics or report JSON; JOBID: a Slurm job id (42 or job42),\n"
+         "found as monarch-job42.json in the current directory, then in $MONARCH_REPORT_DIR.\n";
+}
 
 struct Usage : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -99,40 +124,61 @@ std::vector<std::string> inputs(const std::string& arg) {
   return found;
 }
 
+// The mode `args` ask for. Throws Usage.
+const ModeRule& mode_of(const std::vector<std::string>& args) {
+  if (args.empty()) throw Usage("no arguments");
+  std::string flag = args[0] == "-h" ? "--help" : args[0].starts_with("-") ? args[0] : "";
+  for (const ModeRule& m : modes()) {
+    if (flag != m.flag) continue;
+    size_t given = args.size() - (flag.empty() ? 0 : 1);
+    if (given != m.args.size())
+      throw Usage((flag.empty() ? std::string("the summary") : flag) + " takes " +
+                  std::to_string(m.args.size()) + " argument(s), " + std::to_string(given) +
+                  " given");
+    return m;
+  }
+  throw Usage("unknown option " + flag);
+}
+
 int run(const std::vector<std::string>& args) {
-  std::string mode = args.empty() ? "" : args[0];
-  if (mode == "--explain" && args.size() == 1) {
-    std::cout << monarch::explain_text();
-  } else if (mode == "--write") {
-    if (args.size() != 3) throw Usage("--write takes DIR and STATS_JSON");
-    std::string text = read_file(args[2]);
-    try {
-      for (const std::string& p : monarch::write_reports(text, args[1])) std::cout << p << "\n";
-    } catch (const monarch::ReportError& e) {
-      throw Failure{args[2], e.what()};
-    }
-  } else if (mode == "--json" || mode == "--svg" || (args.size() == 1 && mode[0] != '-')) {
-    size_t want = mode == "--json" ? 2 : mode == "--svg" ? 3 : 1;
-    if (args.size() != want) throw Usage("wrong number of arguments for " + mode);
-    std::vector<std::string> files = inputs(args.back());
-    if (mode == "--svg" && files.size() > 1)
-      throw Failure{args.back(), "reports from " + std::to_string(files.size()) +
-                                     " nodes: name one of " + files[0] + "..."};
-    for (size_t i = 0; i < files.size(); ++i) {
-      std::string text = read_file(files[i]);
+  const ModeRule& m = mode_of(args);
+  switch (m.mode) {
+    case Mode::kHelp:
+      std::cout << usage();
+      return 0;
+    case Mode::kExplain:
+      std::cout << monarch::explain_text();
+      return 0;
+    case Mode::kWrite: {
+      std::string text = read_file(args[2]);
       try {
-        if (mode == "--json")
-          std::cout << monarch::report_json(text);
-        else if (mode == "--svg")
-          monarch::write_atomically(args[1], monarch::report_svg(text));
-        else
-          std::cout << (i ? "\n" : "") << monarch::summary_text(text);
+        for (const std::string& p : monarch::write_reports(text, args[1])) std::cout << p << "\n";
       } catch (const monarch::ReportError& e) {
-        throw Failure{files[i], e.what()};
+        throw Failure{args[2], e.what()};
       }
+      return 0;
     }
-  } else {
-    throw Usage(args.empty() ? "no arguments" : "unknown arguments");
+    case Mode::kSummary:
+    case Mode::kJson:
+    case Mode::kSvg:
+      break;
+  }
+  std::vector<std::string> files = inputs(args.back());
+  if (m.mode == Mode::kSvg && files.size() > 1)
+    throw Failure{args.back(), "reports from " + std::to_string(files.size()) +
+                                   " nodes: name one of " + files[0] + "..."};
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::string text = read_file(files[i]);
+    try {
+      if (m.mode == Mode::kJson)
+        std::cout << monarch::report_json(text);
+      else if (m.mode == Mode::kSvg)
+        monarch::write_atomically(args[1], monarch::report_svg(text));
+      else
+        std::cout << (i ? "\n" : "") << monarch::summary_text(text);
+    } catch (const monarch::ReportError& e) {
+      throw Failure{files[i], e.what()};
+    }
   }
   return 0;
 }
@@ -141,14 +187,10 @@ int run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() == 1 && (args[0] == "-h" || args[0] == "--help")) {
-    std::cout << kUsage;
-    return 0;
-  }
   try {
     return run(args);
   } catch (const Usage& e) {
-    std::cerr << "monarch-report: " << e.what() << "\n" << kUsage;
+    std::cerr << "monarch-report: " << e.what() << "\n" << usage();
     return 2;
   } catch (const Failure& f) {
     std::cerr << "monarch-report: " << f.path << ": " << f.message << "\n";
