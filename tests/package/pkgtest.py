@@ -47,13 +47,14 @@ def packages(kind):
     return found
 
 
-def package_paths(deb):
-    """The files and links a .deb holds, as absolute paths (directories left out)."""
+def package_paths(deb, kind="-l"):
+    """The files and links (kind "-l") or the directories (kind "d") a .deb
+    holds, as absolute paths without a trailing slash."""
     listing = run(["dpkg-deb", "--contents", deb], check=True).stdout
     paths = []
     for line in listing.splitlines():
-        if not line.startswith("d"):
-            path = line.split()[5]
+        if line[0] in kind:
+            path = line.split()[5].rstrip("/")
             paths.append(path[1:] if path.startswith("./") else path)
     return sorted(paths)
 

@@ -1,5 +1,5 @@
 """Fixture of the Slurm tests: installs the build (the tests use the
-INSTALLED Monarch, as a site would), makes the test users, the tiers and the
+INSTALLED Monarch, as a site would: its packages), makes the test users, the tiers and the
 data directories, and starts the one-node cluster with the test
 configuration. Usage: setup.py BUILD_DIR"""
 import os
@@ -22,7 +22,9 @@ def unmount_under(*roots):
 def main():
     st.skip_unless_possible()
     build = sys.argv[1]
-    subprocess.run(["cmake", "--install", build], check=True, stdout=subprocess.DEVNULL)
+    # As a site installs it: the packages with apt (tests/package/install.py).
+    subprocess.run([sys.executable, os.path.join(st.SRC, "tests", "package", "install.py"), build],
+                   check=True)
     for path in (st.STAGER, st.PLUGIN, st.LIBRARY):
         if not os.path.exists(path):
             sys.exit(f"setup: {path} is not installed")
