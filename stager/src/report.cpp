@@ -138,11 +138,12 @@ Parsed parse(const std::string& json) {
     p.stats = std::move(doc);
     p.raw = json;
   }
-  if (schema != kStatsSchema) {
+  if (schema != kStatsSchema && schema != kStatsSchemaV1) {
     bool ours = schema.rfind("monarch-stats/", 0) == 0 || schema.rfind("monarch-report/", 0) == 0;
     if (ours)
       throw ReportError("schema \"" + schema + "\" is from another version of Monarch; this " +
-                        "monarch-report reads " + kStatsSchema + " and " + kReportSchema);
+                        "monarch-report reads " + kStatsSchemaV1 + ", " + kStatsSchema + " and " +
+                        kReportSchema);
     throw ReportError(std::string("not Monarch statistics (no \"schema\": \"") + kStatsSchema +
                       "\")");
   }
@@ -235,6 +236,18 @@ std::vector<Fallback> fallbacks(const pt::ptree& t, const Figures& f) {
   return out;
 }
 
+// The job as people name it: Slurm's job42 is "job 42", monarch-run's
+// run-4711 is "monarch-run 4711"; any other key is "job KEY".
+std::string job_title(const std::string& key) {
+  auto digits_after = [&](const std::string& prefix) {
+    return key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0 &&
+           key.find_first_not_of("0123456789", prefix.size()) == std::string::npos;
+  };
+  if (digits_after("job")) return "job " + key.substr(3);
+  if (digits_after("run-")) return "monarch-run " + key.substr(4);
+  return "job " + key;
+}
+
 // B2 and its source, as report.h defines them.
 void pfs_rate(const pt::ptree& t, const Figures& f, Verdict& v) {
   const Traffic& x = f.total;
@@ -258,6 +271,15 @@ std::string b2_words(const Verdict& v) {
                         ? "the stager's reads, its threads assumed busy together: an upper bound"
                         : "the job's own PFS reads, one reader's rate: a lower bound";
   return "the PFS delivered " + rate(v.B2) + " (B2, " + how + ")";
+}
+
+// The time all readers together spent in some calls, against the elapsed
+// time: a share while that is at most 100%; beyond, readers worked in
+// parallel, and the words say how many were in those calls at once.
+std::string busy_words(double busy_s, double elapsed_s) {
+  double share = elapsed_s > 0 ? busy_s / elapsed_s : 0;
+  if (share <= 1) return pct(share, 1) + " of the time";
+  return "all the time, " + fmt("%.1f", share) + " readers at once on average";
 }
 
 // C and its source, as report.h defines them.
@@ -289,8 +311,10 @@ void consumption_rate(const Figures& f, Verdict& v) {
   v.pfs_wait_share = wait / T;
   std::string e = "epoch " + std::to_string(partial->number);
   v.C_words = e + " read " + pct(1 - partial->traffic.hit(), 1) + " of its bytes from the PFS; " +
-              "the job's readers spent " + fmt("%.2f", wait) + " s of its " + fmt("%.2f", T) +
-              " s in PFS reads";
+              (wait <= T ? "the job's readers spent " + fmt("%.2f", wait) + " s of its " +
+                               fmt("%.2f", T) + " s in PFS reads"
+                         : "the job's readers were in PFS reads " + busy_words(wait, T) + " (" +
+                               fmt("%.2f", wait) + " s of reads in its " + fmt("%.2f", T) + " s)");
   if (wait >= 0.9 * T) return;
   v.C = partial->traffic.bytes / (T - wait);
   v.C_epochs = {partial->number};
@@ -334,9 +358,9 @@ Verdict verdict(const pt::ptree& t, const Figures& f) {
     if (measured && share >= 0.8) {
       v.bound = "local tier";
       v.reason = v.C_words + "; one local read runs at " + rate(v.B1) +
-                 " (B1): in those epochs the job's readers spent " + pct(share, 1) +
-                 " of the time in local reads, so the local tier, not the PFS or the "
-                 "computation, sets the pace";
+                 " (B1): in those epochs the job's readers were in local reads " +
+                 busy_words(share, 1) +
+                 ", so the local tier, not the PFS or the computation, sets the pace";
     } else {
       v.bound = "compute";
       v.reason =
@@ -344,7 +368,8 @@ Verdict verdict(const pt::ptree& t, const Figures& f) {
           " of the dataset cached (needed: " +
           (v.h_needed >= 0 ? pct(v.h_needed, 1) : std::string("unknown")) +
           "), I/O keeps up and the job is bound by its computation" +
-          (measured && v.B1 > 0 ? " (local reads took " + pct(share, 1) + " of the time)" : "");
+          (measured && v.B1 > 0 ? " (the readers were in local reads " + busy_words(share, 1) + ")"
+                                : "");
     }
     if (v.B2 <= 0) v.reason += "; the PFS's rate was not measured (nothing read from it)";
   } else if (v.pfs_wait_epoch > 0) {
@@ -374,6 +399,7 @@ Figures figures_of(const pt::ptree& t) {
   f.host = t.get<std::string>("host", "");
   f.user = t.get<std::string>("user", "");
   f.dataset = t.get<std::string>("dataset", "?");
+  f.title = job_title(f.job);
   f.complete = t.get<bool>("complete", false);
   f.elapsed_s = num(t, "elapsed_s");
   f.files = num(t, "index.files");

@@ -112,6 +112,7 @@ struct Fallback {
 
 struct Figures {
   std::string job, host, user, dataset;
+  std::string title;      // the job for people: "job 42" (key job42), "monarch-run 4711" (run-4711)
   bool complete = false;  // false: the stager was killed; the last periodic flush
   double elapsed_s = 0;
   double files = 0, dataset_bytes = 0, cached_files = 0, cached_bytes = 0, fill_seconds = 0;

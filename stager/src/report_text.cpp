@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -21,18 +22,38 @@ using namespace report_internal;
 
 namespace {
 
-// "avoided 66.7% of opens (20), 50.0% of reads (40), 33.3% of bytes (1000 B)".
-// When the PFS saw more than the job asked for (the stager copying ahead for
+// "50.0% of bytes (1000 B), 66.7% of opens (20), 50.0% of reads (40)". When
+// the PFS saw more than the job asked for (the stager copying ahead for
 // later epochs), the share is negative and says so.
-std::string traffic_line(const Traffic& t) {
+std::string avoided(const Traffic& t) {
   auto one = [](const char* what, double without, double with, bool bytes) {
     double d = without - with;
     std::string n = bytes ? human_bytes(std::fabs(d)) : count(std::fabs(d));
     return pct(d, without) + " of " + what + " (" + n + (d < 0 ? " more: copies ahead)" : ")");
   };
-  return "avoided " + one("opens", t.opens, t.pfs_opens, false) + ", " +
-         one("reads", t.reads, t.pfs_reads, false) + ", " +
-         one("bytes", t.bytes, t.pfs_bytes, true);
+  return one("bytes", t.bytes, t.pfs_bytes, true) + ", " +
+         one("opens", t.opens, t.pfs_opens, false) + ", " +
+         one("reads", t.reads, t.pfs_reads, false);
+}
+
+// "10.00 s, 2.00 s, 2.50 s": every epoch's time; of a long job the first
+// three, the last and the median.
+std::string epoch_times(const std::vector<EpochFigures>& all) {
+  if (all.empty()) return "none yet (the job read less than the dataset holds)";
+  auto one = [](const EpochFigures& e) {
+    return fmt("%.2f", e.seconds) + " s" + (e.complete ? "" : " (partial)");
+  };
+  std::string s;
+  if (all.size() <= 8) {
+    for (const EpochFigures& e : all) s += (s.empty() ? "" : ", ") + one(e);
+    return s;
+  }
+  std::vector<double> times;
+  for (const EpochFigures& e : all) times.push_back(e.seconds);
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return one(all[0]) + ", " + one(all[1]) + ", " + one(all[2]) + " ... " + one(all.back()) + " (" +
+         std::to_string(all.size()) + " epochs; median " + fmt("%.2f", times[times.size() / 2]) +
+         " s)";
 }
 
 // Epochs to list one by one: all of a short job; of a long one the first
@@ -104,20 +125,21 @@ std::string summary_text(const std::string& json) {
   Figures f = figures(json);
   std::ostringstream o;
   const Traffic& t = f.total;
-  o << "monarch: job " << f.job << (f.host.empty() ? "" : " on " + f.host) << ", dataset "
+  o << "monarch: " << f.title << (f.host.empty() ? "" : " on " + f.host) << ", dataset "
     << f.dataset << " (" << count(f.files) << " files, " << human_bytes(f.dataset_bytes) << ")"
     << (f.complete ? "" : " [incomplete]") << "\n";
-  o << "  read " << human_bytes(t.bytes) << " in " << count(t.opens) << " opens and "
-    << count(t.reads) << " reads; " << pct(t.local_bytes, t.bytes) << " of bytes and "
-    << pct(t.local_reads, t.reads) << " of reads from node-local tiers\n";
-  o << "  PFS without Monarch: " << count(t.opens) << " opens, " << count(t.reads) << " reads, "
-    << human_bytes(t.bytes) << "\n  PFS with Monarch: " << count(t.pfs_opens) << " opens, "
-    << count(t.pfs_reads) << " reads, " << human_bytes(t.pfs_bytes) << " (the job "
-    << count(t.job_pfs_opens) << ", " << count(t.job_pfs_reads) << ", "
-    << human_bytes(t.job_pfs_bytes) << "; the stager's copies "
+  // First what a user wants to know, then the detail.
+  o << "  epoch times: " << epoch_times(f.epochs) << "\n";
+  o << "  served from node-local tiers: " << pct(t.local_bytes, t.bytes) << " of the bytes read, "
+    << pct(t.local_reads, t.reads) << " of reads\n";
+  o << "  PFS traffic avoided: " << avoided(t) << "\n";
+  o << "  the job read " << human_bytes(t.bytes) << " in " << count(t.opens) << " opens and "
+    << count(t.reads) << " reads: all of it would reach the PFS without Monarch\n";
+  o << "  PFS with Monarch: " << count(t.pfs_opens) << " opens, " << count(t.pfs_reads)
+    << " reads, " << human_bytes(t.pfs_bytes) << " (the job " << count(t.job_pfs_opens) << ", "
+    << count(t.job_pfs_reads) << ", " << human_bytes(t.job_pfs_bytes) << "; the stager's copies "
     << count(t.pfs_opens - t.job_pfs_opens) << ", " << count(t.pfs_reads - t.job_pfs_reads) << ", "
     << human_bytes(t.stager_pfs_bytes) << ")\n";
-  o << "  " << traffic_line(t) << "\n";
   for (const EpochFigures& e : epochs_to_show(f.epochs)) {
     const Traffic& x = e.traffic;
     if (e.number < 0)
@@ -126,7 +148,7 @@ std::string summary_text(const std::string& json) {
       o << "  epoch " << e.number << (e.complete ? "" : " (partial)") << ": ";
     o << fmt("%.2f", e.seconds) << " s, local " << pct(x.local_bytes, x.bytes) << ", "
       << rate(e.rate()) << "; PFS " << count(x.pfs_opens) << " opens, " << count(x.pfs_reads)
-      << " reads, " << human_bytes(x.pfs_bytes) << "\n    " << traffic_line(x) << "\n";
+      << " reads, " << human_bytes(x.pfs_bytes) << "\n    avoided " << avoided(x) << "\n";
   }
   o << "  cached: " << count(f.cached_files) << " files, " << human_bytes(f.cached_bytes) << " ("
     << pct(f.cached_bytes, f.dataset_bytes) << " of the dataset)";

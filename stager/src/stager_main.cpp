@@ -399,8 +399,8 @@ struct Stager {
     if (err) spdlog::warn("cannot write {}/{}: {}", tier_dirs[0], kStatsName, std::strerror(err));
   }
 
-  // Heartbeat, time series, statistics on disk and dead claims every 100 ms
-  // (some every 1 s or 5 s); epochs as often as Stats::tick asks.
+  // Heartbeat and time series every 100 ms, statistics on disk and dead
+  // claims every 5 s; epochs as often as Stats::tick asks.
   void tick() {
     constexpr uint64_t kBeat = 100'000'000;
     uint64_t n = 0, beat = monotonic_ns(), wait = kBeat;
@@ -414,8 +414,8 @@ struct Stager {
       }
       beat = now;
       map.map().header().heartbeat_ns.store(now);
-      if (++n % 10 == 0) stats->sample(now);
-      if (n % 50 == 0) {
+      stats->sample(now);
+      if (++n % 50 == 0) {
         write_stats(false);
         copier->reap();
       }

@@ -9,7 +9,14 @@
 namespace monarch {
 namespace {
 
-constexpr size_t kMaxSamples = 3600;  // longer series are halved in resolution
+// The time series starts at 100 ms per sample, so that a 5-second job shows
+// its 0.2-second epochs; past kMaxSamples it is halved in resolution (a
+// 10-hour job ends with 12.8-s samples), which bounds the statistics' size.
+constexpr uint64_t kFirstIntervalMs = 100;
+constexpr size_t kMaxSamples = 3600;
+// The cached bytes scan the whole map: every sample for up to kCachedScanFiles
+// files (a few hundred microseconds), else once a second.
+constexpr uint64_t kCachedScanFiles = 100'000, kCachedEveryMs = 1000;
 
 struct CounterName {
   const char* name;
@@ -56,7 +63,8 @@ Stats::Stats(const JobMap& map, const std::atomic<uint64_t>* stager, const Place
       placement_(placement),
       info_(std::move(info)),
       index_(index),
-      start_ns_(monotonic_ns()) {
+      start_ns_(monotonic_ns()),
+      interval_ms_(kFirstIntervalMs) {
   last_ = poll_ = rate_from_ = take(start_ns_);
 }
 
@@ -119,23 +127,30 @@ Stats::Cached Stats::complete_copies() const {
 }
 
 void Stats::sample(uint64_t now_ns) {
-  Snapshot s = take(now_ns);
   std::lock_guard lock(mu_);
+  uint64_t elapsed_ms = (now_ns - start_ns_) / 1'000'000;
+  size_t ended = elapsed_ms / interval_ms_;  // intervals that have ended by now
+  if (ended <= served_.size()) return;       // the current one is still open
+  Snapshot s = take(now_ns);
   std::array<uint64_t, kMapTiers + 2> served{};
   for (int t = 0; t < kMapTiers; ++t) served[t] = s.p[c_tier_bytes + t] - last_.p[c_tier_bytes + t];
   served[kMapTiers] = s.p[c_pfs_served_bytes] + s.p[c_mem_bytes] - last_.p[c_pfs_served_bytes] -
                       last_.p[c_mem_bytes];
   served[kMapTiers + 1] = s.s[s_pfs_bytes] - last_.s[s_pfs_bytes];
-  std::array<uint64_t, kMapTiers> cached = complete_copies().by_tier;
+  if (map_.size() <= kCachedScanFiles || served_.empty() ||
+      elapsed_ms >= cached_ms_ + kCachedEveryMs) {
+    cached_now_ = complete_copies().by_tier;
+    cached_ms_ = elapsed_ms;
+  }
   last_ = s;
-  if (!served_.empty() && (now_ns - start_ns_) / 1'000'000'000 < served_.size() * interval_s_) {
-    // Same interval as the last sample (a late tick): add to it.
-    for (int i = 0; i < kMapTiers + 2; ++i) served_.back()[i] += served[i];
-    cached_.back() = cached;
-    return;
+  // Intervals no sample closed (a late beat) stay empty: every sample keeps
+  // its place on the time axis, and what they saw goes to the last one.
+  while (served_.size() + 1 < ended) {
+    served_.push_back({});
+    cached_.push_back(cached_.empty() ? cached_now_ : cached_.back());
   }
   served_.push_back(served);
-  cached_.push_back(cached);
+  cached_.push_back(cached_now_);
   if (served_.size() >= kMaxSamples) {  // halve the resolution
     for (size_t i = 0; i < served_.size() / 2; ++i) {
       for (int k = 0; k < kMapTiers + 2; ++k)
@@ -144,7 +159,7 @@ void Stats::sample(uint64_t now_ns) {
     }
     served_.resize(served_.size() / 2);
     cached_.resize(cached_.size() / 2);
-    interval_s_ *= 2;
+    interval_ms_ *= 2;
   }
 }
 
@@ -218,7 +233,7 @@ std::string Stats::json(bool complete, double fill_seconds) const {
     o << "}";
     prev = &end;
   }
-  o << "],\"series\":{\"interval_s\":" << interval_s_ << ",\"served\":[";
+  o << "],\"series\":{\"interval_s\":" << interval_ms_ / 1e3 << ",\"served\":[";
   auto series = [&](const std::string& name, const char* kind, auto value) {
     o << "{\"name\":" << json_string(name) << ",\"kind\":\"" << kind << "\",\"bytes\":[";
     for (size_t i = 0; i < served_.size(); ++i) o << (i ? "," : "") << value(i);

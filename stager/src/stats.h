@@ -18,7 +18,10 @@
 
 namespace monarch {
 
-inline constexpr const char* kStatsSchema = "monarch-stats/1";
+// Version 2: the series' interval is fractional (0.1 s at first); version 1's
+// was whole seconds. Readers accept both.
+inline constexpr const char* kStatsSchema = "monarch-stats/2";
+inline constexpr const char* kStatsSchemaV1 = "monarch-stats/1";
 
 struct JobInfo {
   std::string job, host, user, dataset, consistency, config_file;
@@ -39,7 +42,7 @@ class Stats {
   // boundary, so that each epoch's counters are exact to about a millisecond
   // of the job's traffic (the boundary is interpolated between two polls).
   uint64_t tick(uint64_t now_ns);
-  // Every second: appends to the time series.
+  // Every 100 ms or so: closes the time series' intervals that have ended.
   void sample(uint64_t now_ns);
   // The whole statistics as JSON. `complete`: the stager stopped normally.
   std::string json(bool complete, double fill_seconds) const;
@@ -72,8 +75,10 @@ class Stats {
   double per_ns_ = 0;
   // Time series: per interval, bytes served from each tier, from the PFS
   // (direct reads and bytes read whole at open), and bytes of complete
-  // copies per tier.
-  uint64_t interval_s_ = 1;
+  // copies per tier (counted at most every second: cached_now_, at cached_ms_).
+  uint64_t interval_ms_;
+  uint64_t cached_ms_ = 0;
+  std::array<uint64_t, kMapTiers> cached_now_{};
   Snapshot last_;
   std::vector<std::array<uint64_t, kMapTiers + 2>> served_;  // tiers..., pfs, stager copies
   std::vector<std::array<uint64_t, kMapTiers>> cached_;

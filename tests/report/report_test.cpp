@@ -10,6 +10,7 @@
 #include <boost/property_tree/json_parser.hpp>
 #include <boost/property_tree/ptree.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 
 #include "counters.h"
 #include "report.h"
+#include "text_width.h"
 
 namespace monarch {
 namespace {
@@ -77,7 +79,8 @@ struct Job {
        {}}};
   Values extra_totals = {{"local_sample_bytes", 1e6}, {"local_sample_ns", 1e8}};
   Values extra_stager;
-  std::string host = "n1";
+  std::string host = "n1", job = "job42";
+  double elapsed = 14.5;
   // 14 one-second samples (of the tier) sum to 2,000,000 of its 2,400,000
   // bytes: the last 0.5 s holds the other 400,000.
   std::string series =
@@ -96,10 +99,12 @@ struct Job {
       for (auto& [k, v] : e.stager) ts[k] += v;
     }
     std::ostringstream o;
-    o << "{\"schema\":\"monarch-stats/1\",\"complete\":" << (complete ? "true" : "false")
-      << ",\"job\":\"job42\",\"host\":\"" << host << "\",\"user\":\"u\",\"dataset\":\"/pfs/d\","
-      << "\"elapsed_s\":14.5,\"settings\":{\"copy_threads\":4,\"stage_ahead\":"
-      << (stage_ahead ? "true" : "false") << "},\"tiers\":[{\"name\":\"ssd\",\"dir\":\"/t\","
+    o << "{\"schema\":\"monarch-stats/2\",\"complete\":" << (complete ? "true" : "false")
+      << ",\"job\":\"" << job << "\",\"host\":\"" << host
+      << "\",\"user\":\"u\",\"dataset\":\"/pfs/d\","
+      << "\"elapsed_s\":" << elapsed
+      << ",\"settings\":{\"copy_threads\":4,\"stage_ahead\":" << (stage_ahead ? "true" : "false")
+      << "},\"tiers\":[{\"name\":\"ssd\",\"dir\":\"/t\","
       << "\"quota\":" << uint64_t(quota) << ",\"used\":" << uint64_t(cached)
       << ",\"full\":false}],\"index\":{\"files\":100,\"bytes\":1000000},\"cached\":{\"files\":"
       << uint64_t(cached / 1e4) << ",\"bytes\":" << uint64_t(cached) << ",\"fill_seconds\":" << fill
@@ -134,14 +139,13 @@ TEST(ReportFigures, TrafficAvoidedTotalAndPerEpoch) {
   EXPECT_DOUBLE_EQ(f.epochs[2].seconds, 2.5);
   std::string text = summary_text(Job().json());
   EXPECT_TRUE(has(text,
-                  "avoided 46.7% of opens (140), 55.0% of reads (330), 50.0% of bytes "
-                  "(1.4 MiB)"))
+                  "PFS traffic avoided: 50.0% of bytes (1.4 MiB), 46.7% of opens (140), 55.0% "
+                  "of reads (330)"))
       << text;
   // Epoch 1: the PFS saw 160 opens for the job's 100: the stager copied ahead.
   EXPECT_TRUE(has(text,
-                  "avoided -60.0% of opens (60 more: copies ahead), -35.0% of reads "
-                  "(70 more: copies ahead), -50.0% of bytes (488.3 KiB more: copies "
-                  "ahead)"))
+                  "avoided -50.0% of bytes (488.3 KiB more: copies ahead), -60.0% of opens (60 "
+                  "more: copies ahead), -35.0% of reads (70 more: copies ahead)"))
       << text;
   EXPECT_TRUE(has(text, "epoch 2: 2.00 s, local 100.0%, 488.3 KiB/s; PFS 0 opens")) << text;
   EXPECT_TRUE(has(text,
@@ -181,7 +185,7 @@ TEST(ReportFigures, LocalTierBound) {
   j.extra_totals = {{"local_sample_bytes", 5e5}, {"local_sample_ns", 1e9}};  // B1 = 500,000
   Verdict v = figures(j.json()).verdict;
   EXPECT_EQ(v.bound, "local tier");  // C/B1 = 0.9
-  EXPECT_TRUE(has(v.reason, "spent 90.0% of the time in local reads")) << v.reason;
+  EXPECT_TRUE(has(v.reason, "were in local reads 90.0% of the time")) << v.reason;
 }
 
 TEST(ReportFigures, PfsBoundWhenTooLittleIsCached) {
@@ -345,12 +349,157 @@ TEST(ReportSvg, EpochsLegendAndTheLastPartialInterval) {
   EXPECT_TRUE(has(svg, "epoch 3: 100.0% local"));
   EXPECT_TRUE(has(svg, "from tier ssd"));
   EXPECT_TRUE(has(svg, "cached fraction (right axis)"));
-  EXPECT_TRUE(has(svg, "Monarch: job job42 on n1"));
+  EXPECT_TRUE(has(svg, ">Monarch: job 42 on n1<"));
   // The last 0.5 s is not a sample: 400,000 bytes in it draw 800,000 B/s
-  // (781.25 KiB/s, y = 474 - 390 * 781.25 / 800 = 93.1) from 14 s (x = 988.6)
-  // to the plot's right edge (x = 1020). The y axis tops at 800 KiB/s.
-  EXPECT_TRUE(has(svg, "988.6,93.1 1020.0,93.1")) << svg;
-  EXPECT_TRUE(has(svg, ">800.0 KiB/s<")) << svg;
+  // (781.25 KiB/s, y = 471 - 390 * 781.25 / 800 = 90.1; the plot spans y 81
+  // to 471 under three header lines) from 14 s (x = 988.6) to the plot's
+  // right edge (x = 1020). The y axis tops at 800 KiB/s.
+  EXPECT_TRUE(has(svg, "988.6,90.1 1020.0,90.1")) << svg;
+  EXPECT_TRUE(has(svg, ">800 KiB/s<")) << svg;
+  EXPECT_TRUE(has(svg, ">time since the stager started (s)<")) << svg;
+}
+
+// `n` samples `interval` s apart of `per_sample` bytes from the tier, the
+// same fraction cached throughout: a job of n * interval seconds.
+std::string series_of(double interval, size_t n, double per_sample) {
+  std::string bytes, cached;
+  for (size_t i = 0; i < n; ++i) {
+    bytes += (i ? "," : "") + std::to_string(uint64_t(per_sample));
+    cached += (i ? "," : "") + std::string("1000000");
+  }
+  std::ostringstream o;
+  o << "\"series\":{\"interval_s\":" << interval << ",\"served\":[{\"name\":\"ssd\",\"kind\":"
+    << "\"tier\",\"bytes\":[" << bytes << "]},{\"name\":\"pfs\",\"kind\":\"pfs\",\"bytes\":[]},"
+    << "{\"name\":\"stager\",\"kind\":\"copy\",\"bytes\":[]}],\"cached\":[{\"name\":\"ssd\","
+    << "\"kind\":\"tier\",\"bytes\":[" << cached << "]}]}";
+  return o.str();
+}
+
+// A job of `count` epochs of `seconds` each, every one read from the tier.
+Job epochs_of(int count, double seconds, double interval) {
+  Job j;
+  j.epochs.clear();
+  for (int e = 0; e < count; ++e)
+    j.epochs.push_back(
+        {e * seconds,
+         (e + 1) * seconds,
+         {{"opens", 100}, {"reads", 200}, {"bytes", 1e6}, {"tier_reads", 200}, {"tier_bytes", 1e6}},
+         {}});
+  j.elapsed = count * seconds;
+  size_t n = size_t(std::llround(j.elapsed / interval));
+  j.series = series_of(interval, n, 1e6 * count / n);
+  return j;
+}
+
+// The points of the first polygon (the first tier's area) of a picture.
+size_t area_points(const std::string& svg) {
+  size_t a = svg.find("<polygon points=\""), b = svg.find('"', a + 17);
+  std::istringstream in(svg.substr(a + 17, b - a - 17));
+  size_t n = 0;
+  for (std::string p; in >> p;) ++n;
+  return n;
+}
+
+TEST(ReportSvg, BinsFollowTheJobsLength) {
+  // 5 s sampled every 0.1 s, epochs of 0.2 s: every sample is a bin, 18.2
+  // px wide (910 px / 50), and every epoch ends on the picture.
+  std::string svg = report_svg(epochs_of(25, 0.2, 0.1).json());
+  EXPECT_EQ(area_points(svg), 50u * 4) << svg;  // 2 points per bin, top and bottom
+  EXPECT_TRUE(has(svg, "<title>end of epoch 25</title>"));
+  EXPECT_TRUE(has(svg, ">time since the stager started (s)<"));
+  // 10 hours sampled every 12.8 s (what 100 ms halved 7 times gives):
+  // 2813 samples merged into bins of 128 s, at most 300 of them, in hours.
+  svg = report_svg(epochs_of(100, 360, 12.8).json());
+  EXPECT_LE(area_points(svg), 300u * 4);
+  EXPECT_GE(area_points(svg), 250u * 4);
+  EXPECT_TRUE(has(svg, ">time since the stager started (h)<"));
+  EXPECT_TRUE(has(report_svg(epochs_of(30, 60, 0.8).json()), "started (min)<"));
+}
+
+TEST(ReportSvg, HeaderLinesWrapInsteadOfBeingCut) {
+  Job j;
+  std::string json = j.json();
+  std::string long_path = "/pfs/" + std::string(300, 'x');
+  json.replace(json.find("\"/pfs/d\""), 8, "\"" + long_path + "\"");
+  std::string svg = report_svg(json);
+  // Every text line of the header fits in the picture's 1100 px.
+  size_t pos = 0;
+  int header_lines = 0;
+  while ((pos = svg.find("<text x=\"110.0\" y=\"", pos)) != std::string::npos) {
+    size_t a = svg.find('>', pos) + 1, b = svg.find("</text>", a);
+    std::string line = svg.substr(a, b - a);
+    bool bold = svg.substr(pos, a - pos).find("bold") != std::string::npos;
+    EXPECT_LE(110 + text_width(line, bold ? 17 : 12, bold), 1100) << line;
+    ++header_lines;
+    pos = b;
+  }
+  EXPECT_GE(header_lines, 4) << svg;  // title, the path's line, the rest, the verdict
+  EXPECT_TRUE(has(svg, "/pfs/xxx")) << "the path's start is kept";
+  EXPECT_TRUE(has(svg, "...xxx")) << "its middle is shortened";
+}
+
+TEST(ReportNames, TheJobOnce) {
+  EXPECT_EQ(figures(Job().json()).title, "job 42");
+  Job run;
+  run.job = "run-4711";
+  EXPECT_EQ(figures(run.json()).title, "monarch-run 4711");
+  EXPECT_TRUE(summary_text(run.json()).starts_with("monarch: monarch-run 4711 on n1, dataset"));
+  Job odd;
+  odd.job = "k9";
+  EXPECT_EQ(figures(odd.json()).title, "job k9");
+  EXPECT_FALSE(has(report_svg(Job().json()), "job job"));
+  EXPECT_TRUE(summary_text(Job().json()).starts_with("monarch: job 42 on n1, dataset /pfs/d"));
+}
+
+TEST(ReportSummary, StartsWithEpochTimesLocalShareAndTrafficAvoided) {
+  std::istringstream in(summary_text(Job().json()));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_GE(lines.size(), 4u);
+  EXPECT_EQ(lines[1], "  epoch times: 10.00 s, 2.00 s, 2.50 s");
+  EXPECT_EQ(lines[2], "  served from node-local tiers: 80.0% of the bytes read, 80.0% of reads");
+  EXPECT_EQ(lines[3],
+            "  PFS traffic avoided: 50.0% of bytes (1.4 MiB), 46.7% of opens (140), 55.0% of "
+            "reads (330)");
+  // Of a long job: the first three, the last, and the median.
+  std::string text = summary_text(epochs_of(40, 2, 1).json());
+  EXPECT_TRUE(has(text,
+                  "epoch times: 2.00 s, 2.00 s, 2.00 s ... 2.00 s (40 epochs; median "
+                  "2.00 s)"))
+      << text;
+  Job none;
+  none.epochs.clear();
+  EXPECT_TRUE(has(summary_text(none.json()), "epoch times: none yet")) << summary_text(none.json());
+}
+
+// Every percentage the summary says (shares of bytes, reads, time).
+std::vector<double> percentages(const std::string& text) {
+  std::vector<double> out;
+  for (size_t i = text.find('%'); i != std::string::npos; i = text.find('%', i + 1)) {
+    size_t b = i;
+    while (b > 0 && (std::isdigit(static_cast<unsigned char>(text[b - 1])) || text[b - 1] == '.'))
+      --b;
+    if (b < i) out.push_back(std::stod(text.substr(b, i - b)));
+  }
+  return out;
+}
+
+TEST(ReportFigures, ParallelReadersNeverAShareOfTimeAbove100) {
+  // Four readers: in local reads 2.4 reader-seconds per second (C/B1).
+  Job j;
+  j.extra_totals = {{"local_sample_bytes", 1.875e5}, {"local_sample_ns", 1e9}};  // B1 = 187,500
+  Verdict v = figures(j.json()).verdict;
+  EXPECT_EQ(v.bound, "local tier");
+  EXPECT_TRUE(has(v.reason, "were in local reads all the time, 2.4 readers at once on average"))
+      << v.reason;
+  // Waiting 9 s of PFS reads in 4.5-s epochs: two readers at once.
+  Verdict w = figures(half(4.5, 9).json()).verdict;
+  EXPECT_TRUE(has(w.reason,
+                  "were in PFS reads all the time, 2.0 readers at once on average "
+                  "(9.00 s of reads in its 4.50 s)"))
+      << w.reason;
+  for (const std::string& text : {summary_text(j.json()), summary_text(half(4.5, 9).json())})
+    for (double p : percentages(text)) EXPECT_LE(p, 100) << text;
 }
 
 TEST(ReportErrors, OneClearMessage) {
@@ -367,9 +516,10 @@ TEST(ReportErrors, OneClearMessage) {
       << message(stats.substr(0, 300));
   EXPECT_TRUE(has(message("{\"a\":1}"), "not Monarch statistics"));
   EXPECT_TRUE(has(message("[1,2]"), "not Monarch statistics"));
-  EXPECT_TRUE(has(message("{\"schema\":\"monarch-stats/1\"}"), "truncated"));
+  EXPECT_TRUE(has(message("{\"schema\":\"monarch-stats/1\"}"), "truncated"));  // both read
+  EXPECT_TRUE(has(message("{\"schema\":\"monarch-stats/2\"}"), "truncated"));
   EXPECT_TRUE(has(message("  \n"), "the file is empty"));
-  EXPECT_TRUE(has(message("{\"schema\":\"monarch-stats/2\"}"), "another version of Monarch"));
+  EXPECT_TRUE(has(message("{\"schema\":\"monarch-stats/3\"}"), "another version of Monarch"));
   EXPECT_TRUE(has(message("{\"schema\":\"monarch-report/1\"}"), "without its statistics"));
   EXPECT_TRUE(has(message(std::string(100000, '[')), "nested too deeply"));
   std::string odd = stats;  // wrong types are no crash

@@ -4,6 +4,7 @@ counts (the PFS's own: a counting FUSE mount; the readers' system calls:
 strace), its picture renders in headless Chromium, a killed stager still gives
 a report, job ids are found where the Slurm epilog writes reports, and bad
 input gets one clear line. Standard library only (Debian's /usr/bin/python3)."""
+import html
 import json
 import os
 import re
@@ -18,8 +19,9 @@ import unittest
 import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
-from harness import (BUILD, LIBRARY, PY, READER, SMALL, STAGER, Case, Pfs, dataset,  # noqa: E402
-                     dataset_bytes, epoch_deltas, parse_epochs, read_dataset, run, tier)
+from harness import (BUILD, GEN, LIBRARY, PY, READER, SMALL, SRC, STAGER, Case,  # noqa: E402
+                     Pfs, dataset, dataset_bytes, epoch_deltas, parse_epochs, read_dataset, run,
+                     tier)
 
 REPORT = os.path.join(BUILD, "stager", "monarch-report")
 CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -162,7 +164,7 @@ class Report(Base):
                       text)
 
     def test_picture_renders_in_chromium(self):
-        self.assertIn("monarch: job ", self.job.stderr, "monarch-run prints the summary")
+        self.assertIn("monarch: monarch-run ", self.job.stderr, "monarch-run prints the summary")
         outdir = os.path.join(self.tmp, "out")
         os.mkdir(outdir)
         written = report("--write", outdir, self.stats).stdout.split()
@@ -189,6 +191,21 @@ class Report(Base):
         teal = sum(1 for (r, g, b) in plot if abs(r - 74) < 20 and abs(g - 170) < 20
                    and abs(b - 158) < 20)
         self.assertGreater(teal, 1000, "no bytes from the tier drawn")
+
+    def test_series_sampled_every_tenth_of_a_second(self):
+        # A short job keeps the stager's first resolution, one sample per
+        # 0.1 s up to the last beat (every 0.1 s): the picture shows 0.2-s epochs.
+        with open(self.stats) as f:
+            stats = json.load(f)
+        self.assertEqual(stats["schema"], "monarch-stats/2")
+        series = stats["series"]
+        self.assertEqual(series["interval_s"], 0.1)
+        samples = len(series["served"][0]["bytes"])
+        self.assertLessEqual(abs(samples * 0.1 - stats["elapsed_s"]), 0.25,
+                             f"{samples} samples for {stats['elapsed_s']} s")
+        sampled = sum(sum(s["bytes"]) for s in series["served"] if s["kind"] == "tier")
+        self.assertLessEqual(sampled, sum(stats["totals"]["tier_bytes"]))
+        self.assertGreater(sampled, 0)
 
     def test_killed_stager_still_gives_a_report(self):
         t = tier(self)
@@ -234,7 +251,7 @@ class Report(Base):
         self.assertTrue(os.path.exists(os.path.join(d, "monarch-job4242.json")))
         self.assertTrue(os.path.exists(os.path.join(d, "monarch-job4242-node2.svg")))
         text = report("4242", cwd=d).stdout
-        self.assertEqual(len(re.findall(r"^monarch: job job4242 on node\d", text, re.M)), 2, text)
+        self.assertEqual(len(re.findall(r"^monarch: job 4242 on node\d", text, re.M)), 2, text)
         env = dict(os.environ, MONARCH_REPORT_DIR=d)
         lines = report("--json", "job4242", cwd="/", env=env).stdout.splitlines()
         self.assertEqual([json.loads(x)["host"] for x in lines], ["node1", "node2"])
@@ -250,7 +267,7 @@ class Report(Base):
         with open(self.stats) as f:
             good = f.read()
         files = {"truncated.json": good[:400], "foreign.json": '{"a": 1}', "empty.json": "",
-                 "newer.json": '{"schema": "monarch-stats/2"}'}
+                 "newer.json": '{"schema": "monarch-stats/3"}'}
         for name, text in files.items():
             with open(os.path.join(d, name), "w") as f:
                 f.write(text)
@@ -259,7 +276,7 @@ class Report(Base):
                  p("truncated.json"): p("truncated.json") + ": not valid JSON",
                  p("foreign.json"): p("foreign.json") + ": not Monarch statistics",
                  p("empty.json"): p("empty.json") + ": not valid JSON: the file is empty",
-                 p("newer.json"): p("newer.json") + ": schema \"monarch-stats/2\" is from another",
+                 p("newer.json"): p("newer.json") + ": schema \"monarch-stats/3\" is from another",
                  d: d + ": cannot read: Is a directory",
                  "424242": "job 424242: no report: no monarch-job424242.json in the current "
                            "directory ($MONARCH_REPORT_DIR is not set)"}
@@ -279,7 +296,7 @@ class Report(Base):
         self.assertIn(p("no-such-dir") + ": No such file or directory", r.stderr)
         r = report("--write", d, p("foreign.json"), check=False)
         self.assertEqual(r.stderr, f"monarch-report: {p('foreign.json')}: not Monarch statistics "
-                                   '(no "schema": "monarch-stats/1")\n')
+                                   '(no "schema": "monarch-stats/2")\n')
         for usage in ([], ["--bogus", "x"], ["--write", d], ["a", "b"]):
             self.assertEqual(report(*usage, check=False).returncode, 2, usage)
 
@@ -310,6 +327,178 @@ class EpochCounts(Base):
                 if abs(got - want) > 0.01 * want or (want == 0 and got != 0):
                     bad.append(f"epoch {e['number']} {what}: report {got}, independent {want:.0f}")
         self.assertEqual(bad, [])
+
+
+# Collects the box of every text of the inline picture once the page is laid
+# out, into <pre id="boxes"> (--dump-dom prints the page after its scripts).
+BOXES_SCRIPT = """<script>
+const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+document.getElementById("boxes").textContent = JSON.stringify({
+  svg: box(document.querySelector("svg")),
+  texts: [...document.querySelectorAll("svg text")].map(t => [...box(t), t.textContent])});
+</script>"""
+
+
+def rendered_text_boxes(svg_path, workdir):
+    """Every text of the picture as Chromium lays it out in a 1200x800
+    window: (svg box, [(left, top, right, bottom, text)])."""
+    with open(svg_path) as f:
+        svg = f.read()
+    page = os.path.join(workdir, os.path.basename(svg_path) + ".html")
+    with open(page, "w") as f:
+        f.write(f'<!doctype html><html><body style="margin:0">{svg}<pre id="boxes"></pre>'
+                f"{BOXES_SCRIPT}</body></html>")
+    profile = tempfile.mkdtemp(prefix="monarch-chromium-")
+    try:
+        p = subprocess.run(CHROMIUM + [f"--user-data-dir={profile}", "--dump-dom",
+                                       "--window-size=1200,800", "file://" + page],
+                           capture_output=True, text=True, timeout=120, check=True)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    m = re.search(r'<pre id="boxes">(.*?)</pre>', p.stdout, re.S)
+    assert m and m.group(1), f"no boxes in the page Chromium dumped: {p.stdout[-2000:]}"
+    boxes = json.loads(html.unescape(m.group(1)))
+    return boxes["svg"], boxes["texts"]
+
+
+def hour_of_statistics(path, job="job2", epochs=100, interval=1.6, seconds=3600):
+    """Statistics as a stager would write them for an hour-long job on two
+    tiers: a 300-s first epoch that fills the tiers, then `epochs - 1`
+    steady ones, sampled every `interval` s (the stager's 0.1 s halved 4
+    times), on a node with a long name and a dataset with a long path."""
+    size, files = 400 << 30, 1_200_000
+    fill, steady = 300.0, (seconds - 300.0) / (epochs - 1)
+    tiers = [{"name": "ram", "dir": "/dev/shm/monarch", "quota": 64 << 30, "used": 64 << 30,
+              "full": False},
+             {"name": "nvme", "dir": "/local/monarch", "quota": 2 << 40, "used": size - (64 << 30),
+              "full": False}]
+
+    def counters(local_fraction, stager_bytes, t):
+        local = size * local_fraction
+        return {"opens": files, "reads": 2 * files, "bytes": size,
+                "tier_opens": [files * local_fraction * 0.16, files * local_fraction * 0.84],
+                "tier_reads": [0.32 * files * local_fraction, 1.68 * files * local_fraction],
+                "tier_bytes": [local * 0.16, local * 0.84],
+                "pfs_served_bytes": size - local, "pfs_opens": files * (1 - local_fraction),
+                "pfs_reads": 2 * files * (1 - local_fraction), "pfs_bytes": size - local,
+                "pfs_read_ns": t * 0.5e9 * (1 - local_fraction), "local_sample_bytes": 1 << 30,
+                "local_sample_ns": 2e8,
+                "stager": {"pfs_opens": files * stager_bytes / size, "pfs_reads": stager_bytes / (4 << 20),
+                           "pfs_bytes": stager_bytes, "pfs_read_ns": t * 4e9}}
+
+    epoch_list, start = [], 0.0
+    for e in range(epochs):
+        length = fill if e == 0 else steady
+        epoch_list.append({"number": e + 1, "complete": True, "start_s": start,
+                           "end_s": start + length,
+                           "counters": counters(0.3 if e == 0 else 1.0, size if e == 0 else 0,
+                                                length)})
+        start += length
+    totals = json.loads(json.dumps(epoch_list[0]["counters"]))
+    for e in epoch_list[1:]:
+        for k, v in e["counters"].items():
+            if isinstance(v, list):
+                totals[k] = [a + b for a, b in zip(totals[k], v)]
+            elif isinstance(v, dict):
+                for kk, vv in v.items():
+                    totals[k][kk] += vv
+            else:
+                totals[k] += v
+    # The samples: during the fill 30% from the tiers and 70% from the PFS,
+    # then everything from the tiers; they add up to the totals.
+    n = int(seconds / interval)
+    fill_samples = int(fill / interval)
+    local = [(0.3 * size / fill_samples if i < fill_samples
+              else (totals["bytes"] - size) / (n - fill_samples)) for i in range(n)]
+    pfs = [0.7 * size / fill_samples if i < fill_samples else 0 for i in range(n)]
+    series = {"interval_s": interval, "served": [
+        {"name": "ram", "kind": "tier", "bytes": [0.16 * b for b in local]},
+        {"name": "nvme", "kind": "tier", "bytes": [0.84 * b for b in local]},
+        {"name": "pfs", "kind": "pfs", "bytes": pfs},
+        {"name": "stager", "kind": "copy",
+         "bytes": [size / fill_samples if i < fill_samples else 0 for i in range(n)]}],
+        "cached": [{"name": t["name"], "kind": "tier",
+                    "bytes": [t["used"] * min(1, (i + 1) / fill_samples) for i in range(n)]}
+                   for t in tiers]}
+    stats = {"schema": "monarch-stats/2", "complete": True, "job": job,
+             "host": "gpu-node-0421.cluster.example.org", "user": "someone",
+             "dataset": "/lustre/projects/vision/shared/datasets/imagenet-21k/train-2024-10",
+             "config_file": "/etc/monarch/monarch.conf", "started_unix": 0, "updated_unix": 3600,
+             "elapsed_s": seconds,
+             "settings": {"consistency": "job", "copy_threads": 8, "stage_ahead": True,
+                          "small_file_max": 1 << 20},
+             "tiers": tiers, "index": {"files": files, "bytes": size, "dirs": 21000,
+                                       "skipped": 0, "unreadable_dirs": 0, "seconds": 40,
+                                       "map_bytes": 110 << 20},
+             "cached": {"files": files, "bytes": size, "fill_seconds": fill},
+             "totals": totals, "epochs": epoch_list, "series": series}
+    with open(path, "w") as f:
+        json.dump(stats, f)
+
+
+class Picture(unittest.TestCase):
+    """The picture of a job of any length, laid out by Chromium at 1200x800
+    and checked from the text boxes of the rendered page: no two texts
+    overlap, none leaves the picture or the window, the title names the job
+    once, the header is whole."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="monarch-picture-")
+        os.chmod(cls.tmp, 0o1777)
+        cls.stats = {}
+        # The demo's job (contrib/demo): its training script on a dataset of
+        # its shape, half its size, behind the demo's emulated PFS.
+        root = os.path.join(cls.tmp, "pfs", "dataset")
+        subprocess.run([GEN, root, "--small", "1000", "--large", "6", "--large-min-mib", "16",
+                        "--large-max-mib", "48"], check=True, stdout=subprocess.DEVNULL)
+        os.mkdir(os.path.join(cls.tmp, "tier"))
+        cls.stats["demo"] = os.path.join(cls.tmp, "demo.json")
+        with Pfs(root, latency_us=1000, bandwidth_mbs=500) as pfs:
+            run([PY, os.path.join(SRC, "contrib", "slurm", "demo-train.py"), pfs.dataset,
+                 "--epochs", "3", "--workers", "2"],
+                monarch=["--dataset", pfs.dataset, "--tier", os.path.join(cls.tmp, "tier") + ":2G",
+                         "--report", cls.stats["demo"]])
+        cls.stats["hour"] = os.path.join(cls.tmp, "hour.json")
+        hour_of_statistics(cls.stats["hour"])
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def check_layout(self, name):
+        svg = os.path.join(self.tmp, name + ".svg")
+        report("--svg", svg, self.stats[name])
+        frame, texts = rendered_text_boxes(svg, self.tmp)
+        self.assertGreater(len(texts), 20)
+        left, top, right, bottom = frame
+        self.assertLessEqual((right, bottom), (1200, 800), "the picture fits the window")
+        for x0, y0, x1, y1, text in texts:
+            self.assertTrue(x0 >= left and y0 >= top and x1 <= right and y1 <= bottom,
+                            f"{name}: {text!r} at {(x0, y0, x1, y1)} leaves the picture {frame}")
+        overlaps = [(a[4], b[4]) for i, a in enumerate(texts) for b in texts[i + 1:]
+                    if min(a[2], b[2]) - max(a[0], b[0]) > 0.5
+                    and min(a[3], b[3]) - max(a[1], b[1]) > 0.5]
+        self.assertEqual(overlaps, [], f"{name}: overlapping texts")
+        return [t[4] for t in texts]
+
+    def test_the_demos_job(self):
+        texts = self.check_layout("demo")
+        title = texts[0]
+        self.assertRegex(title, r"^Monarch: monarch-run \d+ on ")
+        self.assertTrue(any(t.startswith("epoch 3: ") for t in texts), texts)
+        self.assertIn("time since the stager started (s)", texts)
+
+    def test_an_hour_long_job(self):
+        texts = self.check_layout("hour")
+        self.assertEqual(texts[0], "Monarch: job 2 on gpu-node-0421.cluster.example.org")
+        header = " ".join(t for t in texts[1:4])
+        self.assertIn("dataset /lustre/projects/vision/shared/datasets/imagenet-21k/train-2024-10",
+                      header, "the dataset whole")
+        self.assertIn("PFS traffic avoided:", header)
+        self.assertIn("time since the stager started (min)", texts)
+        labelled = [t for t in texts if re.fullmatch(r"epoch \d+: .*|\d+", t)]
+        self.assertGreater(len(labelled), 5, texts)
 
 
 if __name__ == "__main__":
