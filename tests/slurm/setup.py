@@ -22,9 +22,8 @@ def unmount_under(*roots):
 def main():
     st.skip_unless_possible()
     build = sys.argv[1]
-    # As a site installs it: the packages with apt (tests/package/install.py).
-    subprocess.run([sys.executable, os.path.join(st.SRC, "tests", "package", "install.py"), build],
-                   check=True)
+    # As a site installs it: the packages with apt.
+    subprocess.run([os.path.join(st.SRC, "contrib", "package", "install"), build], check=True)
     for path in (st.STAGER, st.PLUGIN, st.LIBRARY):
         if not os.path.exists(path):
             sys.exit(f"setup: {path} is not installed")
