@@ -61,26 +61,27 @@ def package_paths(deb, kind="-l"):
 
 # ---- sbatch against a cluster that does not exist ----
 
-def offline_sbatch(plugstack_lines, workdir, args, script=None):
+def offline_sbatch(plugstack_lines, args, script=None):
     """Slurm's sbatch with `args`, loading a plugstack.conf of these lines,
     `script` on its standard input. Its slurm.conf names a controller at an
     address nothing listens on: a submission fails ("Unable to contact slurm
     controller") and never reaches a cluster."""
-    conf = os.path.join(workdir, "slurm.conf")
-    stack = os.path.join(workdir, "plugstack.conf")
-    with open(conf, "w") as f:
-        f.write("ClusterName=offline\nSlurmctldHost=offline(127.0.0.254)\nSlurmctldPort=9\n"
-                f"PlugStackConfig={stack}\n")
-    with open(stack, "w") as f:
-        f.write("".join(line + "\n" for line in plugstack_lines))
-    env = dict(os.environ, SLURM_CONF=conf)
-    return run(["sbatch", *args], env=env, input=script or "", timeout=120)
+    with tempfile.TemporaryDirectory(prefix="monarch-sbatch-") as workdir:
+        conf = os.path.join(workdir, "slurm.conf")
+        stack = os.path.join(workdir, "plugstack.conf")
+        with open(conf, "w") as f:
+            f.write("ClusterName=offline\nSlurmctldHost=offline(127.0.0.254)\nSlurmctldPort=9\n"
+                    f"PlugStackConfig={stack}\n")
+        with open(stack, "w") as f:
+            f.write("".join(line + "\n" for line in plugstack_lines))
+        env = dict(os.environ, SLURM_CONF=conf)
+        return run(["sbatch", *args], env=env, input=script or "", timeout=120)
 
 
-def sbatch_help(plugstack_lines, workdir):
+def sbatch_help(plugstack_lines):
     """(stdout, stderr) of `sbatch --help` loading these plugstack lines
     (see offline_sbatch)."""
-    p = offline_sbatch(plugstack_lines, workdir, ["--help"])
+    p = offline_sbatch(plugstack_lines, ["--help"])
     if p.returncode != 0:
         raise AssertionError(f"sbatch --help exited {p.returncode}: {p.stderr}")
     return p.stdout, p.stderr

@@ -92,10 +92,8 @@ class Deb(unittest.TestCase):
             text = f.read()
         lines = [line for line in text.splitlines() if line.strip()]
         self.assertTrue(all(line.startswith("#") for line in lines), text)
-        work = tempfile.mkdtemp(prefix="monarch-drop-in-")
-        self.addCleanup(shutil.rmtree, work, True)
         include = [f"include {os.path.dirname(drop_in)}/*.conf"]
-        out, err = sbatch_help(include, work)  # as installed: Slurm sees no plugin
+        out, err = sbatch_help(include)  # as installed: Slurm sees no plugin
         self.assertNotIn("--monarch-dataset", out)
         self.assertEqual(monarch_lines(err), [])
         (line,) = [x for x in lines if x.startswith("#required ")]  # one line to uncomment
@@ -103,7 +101,7 @@ class Deb(unittest.TestCase):
                                                                             f"={self.root}/etc/")
         with open(drop_in, "w") as f:
             f.write(text.replace(line, enabled))
-        out, err = sbatch_help(include, work)
+        out, err = sbatch_help(include)
         self.assertIn("--monarch-dataset=DIR", out)
         self.assertEqual(monarch_lines(err), [])
 

@@ -114,11 +114,9 @@ class ConfigKeys(unittest.TestCase):
 class Plugin(unittest.TestCase):
     """The plugin's options as Slurm registers them, and its arguments."""
 
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="monarch-manpages-")
 
     def test_options_are_those_sbatch_lists(self):
-        out, err = sbatch_help([f"required {PLUGIN}"], self.dir)
+        out, err = sbatch_help([f"required {PLUGIN}"])
         self.assertEqual(monarch_lines(err), [])
         code = {o for o in options_in(out) if o.startswith("--monarch")}
         self.assertGreaterEqual(len(code), 3, out)
@@ -127,7 +125,7 @@ class Plugin(unittest.TestCase):
     def test_plugstack_arguments_are_those_it_accepts(self):
         documented = [t.split("=")[0] for t in tags(page("spank_monarch"), "PLUGSTACK ARGUMENTS")]
         # What it accepts, in its own words: the line for an unknown argument.
-        _, err = sbatch_help([f"required {PLUGIN} no_such_argument=1"], self.dir)
+        _, err = sbatch_help([f"required {PLUGIN} no_such_argument=1"])
         (line,) = monarch_lines(err)
         m = re.search(r"unknown plugstack argument 'no_such_argument' ignored; accepted: (.*)$",
                       line)
@@ -136,7 +134,7 @@ class Plugin(unittest.TestCase):
         # And each documented one is taken as known.
         args = " ".join(f"{a}={'/etc/monarch/monarch.conf' if a == 'config' else 'yes'}"
                         for a in documented)
-        _, err = sbatch_help([f"required {PLUGIN} {args}"], self.dir)
+        _, err = sbatch_help([f"required {PLUGIN} {args}"])
         self.assertEqual(monarch_lines(err), [])
 
 

@@ -6,7 +6,6 @@ controller). Usage: test_slurm_release.py PLUGIN FOREIGN_PLUGIN, FOREIGN
 built claiming the next major release (tests/package/CMakeLists.txt)."""
 import re
 import sys
-import tempfile
 import unittest
 
 from pkgtest import monarch_lines, offline_sbatch, run, sbatch_help
@@ -26,15 +25,13 @@ def running_release():
 
 
 class Release(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="monarch-release-")
 
     def test_the_plugin_of_this_release_says_nothing(self):
-        out, err = sbatch_help([f"required {PLUGIN}"], self.dir)
+        out, err = sbatch_help([f"required {PLUGIN}"])
         self.assertEqual(monarch_lines(err), [])
         self.assertIn("--monarch-dataset=DIR", out)
         # It checks the options: a missing dataset is refused before submission.
-        p = offline_sbatch([f"required {PLUGIN}"], self.dir, ["--monarch-dataset=/nonexistent"],
+        p = offline_sbatch([f"required {PLUGIN}"], ["--monarch-dataset=/nonexistent"],
                            SCRIPT)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn(REFUSED, p.stderr)
@@ -43,7 +40,7 @@ class Release(unittest.TestCase):
     def test_a_plugin_of_another_release_says_so_once_and_stays_off(self):
         major, minor = running_release()
         running, built = f"{major}.{minor:02d}", f"{major + 1}.{minor:02d}"
-        out, err = sbatch_help([f"required {FOREIGN}"], self.dir)
+        out, err = sbatch_help([f"required {FOREIGN}"])
         self.assertEqual(monarch_lines(err), [
             f"sbatch: error: monarch: built for Slurm {built} but loaded by Slurm {running}: "
             f"Monarch is off on this host; install the Monarch Slurm plugin built for {running}"])
@@ -51,7 +48,7 @@ class Release(unittest.TestCase):
         # Monarch are accepted (and run without it): the same missing dataset
         # goes on to the submission, which finds no controller here.
         self.assertIn("--monarch-dataset=DIR", out)
-        p = offline_sbatch([f"required {FOREIGN}"], self.dir, ["--monarch-dataset=/nonexistent"],
+        p = offline_sbatch([f"required {FOREIGN}"], ["--monarch-dataset=/nonexistent"],
                            SCRIPT)
         self.assertNotIn(REFUSED, p.stderr)
         self.assertIn(UNREACHABLE, p.stderr)
