@@ -93,6 +93,19 @@ class ConfigKeys(unittest.TestCase):
         self.assertEqual(tags(page("monarch.conf"), "GENERAL KEYS"), general)
         self.assertEqual(tags(page("monarch.conf"), "TIER KEYS"), tier_keys)
 
+    def test_the_shipped_configuration_sets_every_key(self):
+        # etc/monarch.conf loads (monarch-run goes on to the dataset) and
+        # names every key, general and of its tier, once.
+        shipped = os.path.join(SRC, "etc", "monarch.conf")
+        p = run([PROGRAMS["monarch-run"], "--config", shipped, "--dataset", "/nonexistent",
+                 "--", "true"])
+        self.assertIn("--dataset /nonexistent", p.stderr)
+        with open(shipped) as f:
+            keys = [line.split("=")[0].strip() for line in f
+                    if "=" in line and not line.lstrip().startswith("#")]
+        self.assertEqual(keys, tags(page("monarch.conf"), "GENERAL KEYS") +
+                         tags(page("monarch.conf"), "TIER KEYS"))
+
     def test_each_key_quotes_what_the_code_accepts(self):
         rendered = render(page("monarch.conf"))
         for section in ("GENERAL KEYS", "TIER KEYS"):
