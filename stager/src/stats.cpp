@@ -143,6 +143,12 @@ void Stats::sample(uint64_t now_ns) {
     cached_ms_ = elapsed_ms;
   }
   last_ = s;
+  // A long pause (a stopped stager) can end many intervals at once: coarsen
+  // first, so that the series stays under kMaxSamples.
+  while (ended >= kMaxSamples) {
+    halve();
+    ended = elapsed_ms / interval_ms_;
+  }
   // Intervals no sample closed (a late beat) stay empty: every sample keeps
   // its place on the time axis, and what they saw goes to the last one.
   while (served_.size() + 1 < ended) {
@@ -151,16 +157,24 @@ void Stats::sample(uint64_t now_ns) {
   }
   served_.push_back(served);
   cached_.push_back(cached_now_);
-  if (served_.size() >= kMaxSamples) {  // halve the resolution
-    for (size_t i = 0; i < served_.size() / 2; ++i) {
-      for (int k = 0; k < kMapTiers + 2; ++k)
-        served_[i][k] = served_[2 * i][k] + served_[2 * i + 1][k];
+  if (served_.size() >= kMaxSamples) halve();
+}
+
+void Stats::halve() {
+  // Sample i of the new series covers old samples 2i and 2i + 1; an odd last
+  // one keeps its place alone.
+  size_t n = (served_.size() + 1) / 2;
+  for (size_t i = 0; i < n; ++i) {
+    served_[i] = served_[2 * i];
+    cached_[i] = cached_[2 * i];
+    if (2 * i + 1 < served_.size()) {
+      for (int k = 0; k < kMapTiers + 2; ++k) served_[i][k] += served_[2 * i + 1][k];
       cached_[i] = cached_[2 * i + 1];
     }
-    served_.resize(served_.size() / 2);
-    cached_.resize(cached_.size() / 2);
-    interval_ms_ *= 2;
   }
+  served_.resize(n);
+  cached_.resize(n);
+  interval_ms_ *= 2;
 }
 
 std::string Stats::json(bool complete, double fill_seconds) const {

@@ -60,6 +60,8 @@ class Stats {
     std::array<uint64_t, kMapTiers> by_tier{};
   };
   Cached complete_copies() const;
+  // Halves the time series' resolution (REQUIRES mu_ held).
+  void halve();
 
   const JobMap& map_;
   const std::atomic<uint64_t>* stager_;

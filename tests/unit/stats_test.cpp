@@ -1,0 +1,107 @@
+// The statistics' time series, driven with times of the test's choosing: one
+// sample per 0.1 s, intervals with no beat kept in place, halved in
+// resolution past 3600 samples, and bytes never lost on the way.
+#include <gtest/gtest.h>
+
+#include <boost/property_tree/json_parser.hpp>
+#include <boost/property_tree/ptree.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "index.h"
+#include "placement.h"
+#include "stats.h"
+
+namespace monarch {
+namespace {
+namespace fs = std::filesystem;
+namespace pt = boost::property_tree;
+
+constexpr uint64_t kMs = 1'000'000;
+
+class StatsSeries : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("monarch-stats-test-" + std::to_string(getpid()));
+    fs::create_directories(dir / "ds");
+    std::ofstream(dir / "ds/a") << "0123456789";
+    IndexOptions o{.root = (dir / "ds").string(),
+                   .out_path = (dir / "index").string(),
+                   .tier_dirs = {dir.string()},
+                   .small_file_max = 1 << 20,
+                   .stall_ns = 200'000'000,
+                   .generation = 1};
+    mapped = build_index(o, index, [](JobMap&) {});
+    JobInfo info{.job = "job1", .tier_names = {"t"}, .tier_dirs = {dir.string()}};
+    stats = std::make_unique<Stats>(mapped.map(), counters, placement, info, index);
+    start = monotonic_ns();  // just after the statistics' own start
+  }
+  void TearDown() override { fs::remove_all(dir); }
+
+  // The stager's copies series and its interval, as the statistics say them.
+  std::pair<double, std::vector<double>> copies() {
+    pt::ptree t;
+    std::istringstream in(stats->json(true, 0));
+    pt::read_json(in, t);
+    std::vector<double> bytes;
+    for (auto& s : t.get_child("series.served"))
+      if (s.second.get<std::string>("kind") == "copy")
+        for (auto& b : s.second.get_child("bytes")) bytes.push_back(b.second.get_value<double>());
+    return {t.get<double>("series.interval_s"), bytes};
+  }
+  // `bytes` copied by the stager, then a sample at `ms` after the start.
+  void copy_then_sample(uint64_t bytes, uint64_t ms) {
+    counters[s_pfs_bytes] += bytes;
+    stats->sample(start + ms * kMs);
+  }
+
+  fs::path dir;
+  IndexStats index;
+  MappedMap mapped;
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  Placement placement{{{1 << 30, 4096}}, [](int) { return uint64_t(1) << 30; }, 0};
+  std::unique_ptr<Stats> stats;
+  uint64_t start = 0;
+};
+
+double sum(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+
+TEST_F(StatsSeries, OneSamplePerTenthOfASecondInPlace) {
+  for (uint64_t ms = 101; ms <= 1001; ms += 100) copy_then_sample(1000, ms);
+  copy_then_sample(500, 1050);  // within the 11th interval: nothing closes yet
+  copy_then_sample(700, 1720);  // a late beat: intervals 11 to 16 end at once
+  auto [interval, bytes] = copies();
+  EXPECT_EQ(interval, 0.1);
+  ASSERT_EQ(bytes.size(), 17u);
+  EXPECT_EQ(bytes[0], 1000);
+  EXPECT_EQ(bytes[9], 1000);
+  EXPECT_EQ(bytes[10], 0);     // the beat at 1.05 s closed nothing: its bytes wait
+  EXPECT_EQ(bytes[15], 0);     // no beat in it: kept, empty, in its place
+  EXPECT_EQ(bytes[16], 1200);  // what the intervals without a beat saw
+}
+
+TEST_F(StatsSeries, HalvedPastTheLimitAndAfterALongPauseWithoutLosingBytes) {
+  uint64_t ms = 0, copied = 0;
+  for (int i = 0; i < 3700; ++i) copy_then_sample(10, ms += 100), copied += 10;
+  auto [interval, bytes] = copies();
+  EXPECT_EQ(interval, 0.2);
+  EXPECT_LT(bytes.size(), 3600u);
+  EXPECT_EQ(sum(bytes), copied);
+  // A stager stopped for 10 hours: one sample ends 180,000 intervals of 0.2 s.
+  copy_then_sample(5000, ms += 36'000'000);
+  copied += 5000;
+  std::tie(interval, bytes) = copies();
+  EXPECT_EQ(interval, 12.8);  // 0.2 s doubled until 36,370 s are under 3600 samples
+  EXPECT_LT(bytes.size(), 3600u);
+  EXPECT_EQ(sum(bytes), copied);
+  EXPECT_NEAR(bytes.size() * interval, ms / 1e3, interval);
+}
+
+}  // namespace
+}  // namespace monarch
