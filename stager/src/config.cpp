@@ -19,7 +19,7 @@ namespace {
 
 constexpr const char* kGeneralKeys =
     "copy_threads, log_level, report_dir, consistency, small_file_max, stage_ahead, "
-    "start_timeout, stop_timeout";
+    "start_timeout, stop_timeout, job_space";
 constexpr const char* kTierKeys = "path, quota, block_size";
 
 std::string trim(std::string_view s) {
@@ -242,6 +242,13 @@ Config load_config(const std::string& path) {
         c.start_timeout_s = parse_count(value, 0, 3600);
       } else if (key == "stop_timeout") {
         c.stop_timeout_s = parse_count(value, 1, 600);
+      } else if (key == "job_space") {
+        if (value == "image")
+          c.job_space = JobSpace::kImage;
+        else if (value == "directory")
+          c.job_space = JobSpace::kDirectory;
+        else
+          throw std::invalid_argument("accepted: image, directory");
       } else {
         r.fail(line, key, value, std::string("unknown key; accepted: ") + kGeneralKeys);
       }

@@ -19,6 +19,13 @@ enum class Consistency {
   kOpen,  // every open compares the PFS file with the index; a changed file is read from the PFS
 };
 
+// What the Slurm plugin makes for a job on each tier (etc/monarch.conf,
+// job_space; README, "Tier directories"). monarch-run always uses directories.
+enum class JobSpace {
+  kImage,      // a file system image of the quota's size, loop-mounted: the quota holds
+  kDirectory,  // a plain directory: the quota binds the stager only
+};
+
 struct TierConfig {
   std::string name;          // from the section name [tier.NAME]
   std::string path;          // parent of the per-job directories
@@ -37,6 +44,7 @@ struct Config {
   bool stage_ahead = true;
   unsigned start_timeout_s = 30;
   unsigned stop_timeout_s = 10;
+  JobSpace job_space = JobSpace::kImage;
   std::string source;  // the file it was read from, for messages
 };
 
