@@ -108,9 +108,20 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
   });
 }
 
+int slurm_spank_user_init(spank_t sp, int ac, char** av) {
+  return guarded("user_init", 0,
+                 [&] { return spank_context() == S_CTX_REMOTE ? remote_user_init(sp) : 0; });
+}
+
 int slurm_spank_task_init(spank_t sp, int ac, char** av) {
-  return guarded("task_init", 0, [&] {
-    return spank_context() == S_CTX_REMOTE ? remote_task_init(sp) : 0;
+  return guarded("task_init", 0,
+                 [&] { return spank_context() == S_CTX_REMOTE ? remote_task_init(sp) : 0; });
+}
+
+int slurm_spank_slurmd_init(spank_t sp, int ac, char** av) {
+  return guarded("slurmd_init", 0, [&] {
+    parse_args(ac, av);
+    return spank_context() == S_CTX_SLURMD ? slurmd_init() : 0;
   });
 }
 

@@ -2,7 +2,10 @@
 //   monarch-report FILE|JOBID              the summary
 //   monarch-report --json FILE|JOBID       the report JSON (schema monarch-report/1)
 //   monarch-report --svg OUT FILE|JOBID    the picture
-//   monarch-report --write DIR STATS       monarch-<job>.txt, .json, .svg into DIR
+//   monarch-report --write DIR STATS [--job KEY]
+//                                          monarch-<job>.txt, .json, .svg into DIR;
+//                                          with --job, statistics that cannot be
+//                                          read leave DIR/monarch-KEY.txt saying why
 //   monarch-report --explain               every counter and its meaning
 // FILE is statistics (stats.json) or a report (monarch-<job>.json). JOBID is
 // a Slurm job id (42 or job42): its monarch-job42.json, and the per-node
@@ -20,13 +23,14 @@
 #include <iostream>
 #include <regex>
 
+#include "config.h"
 #include "report.h"
 
 namespace {
 
 constexpr const char* kUsage =
     "usage: monarch-report [--json | --svg OUT] FILE|JOBID\n"
-    "       monarch-report --write DIR STATS_JSON\n"
+    "       monarch-report --write DIR STATS_JSON [--job KEY]\n"
     "       monarch-report --explain\n"
     "FILE: a job's statistics or report JSON; JOBID: a Slurm job id (42 or job42),\n"
     "found as monarch-job42.json in the current directory, then in $MONARCH_REPORT_DIR.\n";
@@ -39,19 +43,37 @@ struct Failure {
   std::string path, message;
 };
 
+// The whole of a statistics or report file, at most kMaxStatsBytes: a
+// larger file (or a device that never ends) is refused, not read.
 std::string read_file(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw Failure{path, std::string("cannot read: ") + std::strerror(errno)};
   struct stat st;
   if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
     close(fd);
     throw Failure{path, "cannot read: Is a directory"};
   }
+  auto too_large = [&path](double size) {
+    return Failure{path, (size > 0 ? monarch::human_bytes(size) : std::string("more")) +
+                             " of statistics, above the " +
+                             monarch::human_bytes(double(monarch::kMaxStatsBytes)) +
+                             " a job's statistics can take: not read (a stager never writes "
+                             "that much; was the file replaced?)"};
+  };
+  if (S_ISREG(st.st_mode) && size_t(st.st_size) > monarch::kMaxStatsBytes) {
+    close(fd);
+    throw too_large(double(st.st_size));
+  }
   std::string text;
   char buf[1 << 16];
   ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+  while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
     if (n > 0) text.append(buf, size_t(n));
+    if (text.size() > monarch::kMaxStatsBytes) {
+      close(fd);
+      throw too_large(0);
+    }
+  }
   int err = errno;
   close(fd);
   if (n < 0) throw Failure{path, std::string("cannot read: ") + std::strerror(err)};
@@ -104,12 +126,24 @@ int run(const std::vector<std::string>& args) {
   if (mode == "--explain" && args.size() == 1) {
     std::cout << monarch::explain_text();
   } else if (mode == "--write") {
-    if (args.size() != 3) throw Usage("--write takes DIR and STATS_JSON");
-    std::string text = read_file(args[2]);
+    bool with_job = args.size() == 5 && args[3] == "--job";
+    if (args.size() != 3 && !with_job) throw Usage("--write takes DIR and STATS_JSON [--job KEY]");
     try {
-      for (const std::string& p : monarch::write_reports(text, args[1])) std::cout << p << "\n";
-    } catch (const monarch::ReportError& e) {
-      throw Failure{args[2], e.what()};
+      std::string text = read_file(args[2]);
+      try {
+        for (const std::string& p : monarch::write_reports(text, args[1])) std::cout << p << "\n";
+      } catch (const monarch::ReportError& e) {
+        throw Failure{args[2], e.what()};
+      }
+    } catch (const Failure& f) {
+      // At a job's end: the user finds why in place of the report.
+      if (with_job)
+        std::cout << monarch::write_note(args[4],
+                                         "monarch-report: " + f.path + ": " + f.message +
+                                             "; no report for this job",
+                                         args[1])
+                  << "\n";
+      throw;
     }
   } else if (mode == "--json" || mode == "--svg" || (args.size() == 1 && mode[0] != '-')) {
     size_t want = mode == "--json" ? 2 : mode == "--svg" ? 3 : 1;

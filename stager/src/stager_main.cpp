@@ -236,6 +236,12 @@ struct Stager {
       uint64_t quota = tc.quota_bytes
                            ? tc.quota_bytes
                            : uint64_t(double(vfs.f_blocks) * vfs.f_frsize * tc.quota_percent / 100);
+      // A job directory that is a file system of its own is the job's image,
+      // made by the Slurm plugin to the quota's size: all of it is the quota.
+      struct statx sx;
+      if (statx(tier_fds[t], "", AT_EMPTY_PATH, STATX_BASIC_STATS, &sx) == 0 &&
+          (sx.stx_attributes_mask & sx.stx_attributes & STATX_ATTR_MOUNT_ROOT))
+        quota = uint64_t(vfs.f_blocks) * vfs.f_frsize;
       tiers.push_back({quota, vfs.f_frsize});
       // Temporary files of an earlier stager of this job are incomplete copies.
       remove_tree_at(tier_fds[t], "tmp");
@@ -459,6 +465,10 @@ Options parse_args(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace monarch;
+  // First of all: no other process of the user may ptrace the stager (and
+  // through it start processes the job's end would not see), nor read its
+  // memory; /proc/PID files become root's.
+  prctl(PR_SET_DUMPABLE, 0);
   Options opt;
   try {
     opt = parse_args(argc, argv);
