@@ -16,6 +16,7 @@
 //   sweep, purge     other jobs' leftovers; the trash deleted in the
 //                    background by monarch-purge
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include "cgroup.h"
 #include "job_space.h"
 #include "jobmap.h"
+#include "mounts.h"
 #include "plugin.h"
 #include "sweep.h"
 #include "tier.h"
@@ -33,7 +35,7 @@ namespace {
 
 // monarch-report at the job's end: its deadline, and limits far above what
 // a statistics file within monarch-report's own input bound needs.
-constexpr unsigned kReportTimeout = 30;
+constexpr unsigned kReportTimeout = 20;
 constexpr rlim_t kReportMemory = rlim_t(2) << 30;
 constexpr rlim_t kReportFileSize = rlim_t(256) << 20;
 constexpr rlim_t kReportFiles = 64;
@@ -47,6 +49,7 @@ struct JobEnd {
   std::optional<JobRecord> record;  // on the first tier: the job's identity for its report
   bool any_record = false;          // on any tier
   std::vector<std::string> cgroups;
+  std::vector<Fd> images;  // released images, still held, for the purge to let go
 };
 
 // Where the report goes: --monarch-report, else the site's report_dir, else
@@ -99,6 +102,16 @@ void write_report(const JobEnd& end) {
     log_error(end.key + ": no report: " + MONARCH_REPORT + " is not installed");
     return;
   }
+  // The statistics are read through the job's directory: not when the job
+  // covered it with a mount of its own (a FUSE daemon may never answer).
+  Tier tier = open_tier(end.config.tiers[0], /*create=*/false);
+  uint64_t top = mount_id_at(tier.root.get(), space_name(end.key).c_str());
+  uint64_t want = r.space == JobSpace::kImage ? r.mount_id : mount_id_at(tier.root.get(), "");
+  if (top != want) {
+    log_error(end.key + ": no report: the job mounted something on its directory " +
+              tier.root_path + "/" + space_name(end.key));
+    return;
+  }
   User user{.uid = r.uid, .gid = r.gid, .groups = r.groups, .name = r.user, .home = r.home};
   ChildSetup setup{.user = &user,
                    .limits = {{RLIMIT_AS, kReportMemory, kReportMemory},
@@ -126,7 +139,7 @@ void end_cgroups(const JobEnd& end) {
              " process(es) left in the job's Monarch cgroup");
 }
 
-void release_spaces(const JobEnd& end) {
+void release_spaces(JobEnd& end) {
   for (const TierConfig& tc : end.config.tiers) {
     try {
       Tier tier = open_tier(tc, /*create=*/false);
@@ -135,11 +148,12 @@ void release_spaces(const JobEnd& end) {
       std::optional<JobRecord> r = read_record(tier.jobs.get(), end.key);
       if (!r) continue;
       Release done = release_space(tier, *r);
+      if (done.image) end.images.push_back(std::move(done.image));
       if (!done.problem.empty())
         log_error(end.key + ": tier " + tc.name + ": " + done.problem +
                   "; left for the next sweep");
-      else if (done.detached > (r->space == JobSpace::kImage ? 1 : 0))
-        log_info(end.key + ": tier " + tc.name + ": detached " + std::to_string(done.detached) +
+      else if (int left = done.mounts - (r->space == JobSpace::kImage ? 1 : 0); left > 0)
+        log_info(end.key + ": tier " + tc.name + ": detached " + std::to_string(left) +
                  " mount(s) the job left");
     } catch (const std::exception& e) {
       log_error(end.key + ": tier " + tc.name + ": " + e.what() + "; left for the next sweep");
@@ -147,9 +161,17 @@ void release_spaces(const JobEnd& end) {
   }
 }
 
+double seconds_since(const timespec& start) {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return double(now.tv_sec - start.tv_sec) + double(now.tv_nsec - start.tv_nsec) / 1e9;
+}
+
 }  // namespace
 
 int job_epilog(spank_t sp) {
+  timespec start;
+  clock_gettime(CLOCK_MONOTONIC, &start);
   State& s = state();
   if (!s.args.enabled) return 0;
   job_script_getopt(sp);
@@ -171,11 +193,18 @@ int job_epilog(spank_t sp) {
   if (!end.any_record && !s.request.dataset_given) return 0;  // Monarch was not used
 
   if (end.uid != 0) stop_stager(end);  // root's jobs never have one
-  if (end.record) write_report(end);
+  if (end.record) try {
+      write_report(end);
+    } catch (const std::exception& e) {
+      log_error(end.key + ": no report: " + e.what());
+    }
   end_cgroups(end);
   release_spaces(end);
-  sweep(end.config, end.key);
-  purge_tiers(end.config);
+  sweep(end.config, end.key, end.images);
+  purge_tiers(end.config, end.images);
+  char took[32];
+  std::snprintf(took, sizeof took, "%.3f", seconds_since(start));
+  log_info(end.key + ": epilog done in " + took + " s");
   return 0;
 }
 

@@ -46,9 +46,14 @@ void make_directory(const Tier& tier, const std::string& key, const User& user) 
 void prepare_space(const Tier& tier, const JobRecord& want, const User& user) {
   std::string name = space_name(want.key), path = tier.root_path + "/" + name;
   if (std::optional<JobRecord> had = read_record(tier.jobs.get(), want.key)) {
-    if (had->boot == want.boot && had->uid == want.uid && had->space == want.space &&
-        as_recorded(tier, *had))
-      return;  // made by an earlier step of this job
+    bool same_run = had->boot == want.boot && had->uid == want.uid &&
+                    had->restarts == want.restarts && had->space == want.space;
+    if (same_run && as_recorded(tier, *had)) return;  // made by an earlier step of this run
+    // The job itself changed it (a mount on it): its end releases it.
+    if (same_run)
+      throw TierError(path +
+                      " is not as Monarch made it (something is mounted on it, or it "
+                      "was replaced)");
     // Of an earlier run of this job id (a requeue, a crash), or damaged.
     Release r = release_space(tier, *had);
     if (!r.problem.empty())
@@ -78,8 +83,10 @@ void prepare_space(const Tier& tier, const JobRecord& want, const User& user) {
 Release release_space(const Tier& tier, const JobRecord& record) {
   Release out;
   std::string name = space_name(record.key), path = tier.root_path + "/" + name;
-  DetachResult d = detach_mounts(tier.root.get(), tier.root_path, name);
-  out.detached = d.detached;
+  DetachResult d =
+      detach_mounts(tier.root.get(), tier.root_path, name, record.mount_id, &out.image);
+  if (out.image) shut_down_image(out.image.get());
+  out.mounts = d.found;
   if (d.failed) {
     out.problem = "cannot detach a mount at or below " + path + ": " + std::strerror(d.first_errno);
     return out;

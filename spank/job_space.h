@@ -16,24 +16,30 @@
 namespace monarch::spank {
 
 // Makes the job's space as `want` says, or finds the one an earlier step
-// of the same job made. A record of another boot or another user, or a
-// space that is not as recorded, is released first and the space made
-// again. An unrecorded entry at <tier>/monarch-<key> (not the plugin's) is
-// left alone and refused. Throws TierError.
+// of the same run of the job made. A record of another run (another boot,
+// user or restart count: a requeue, a crash) is released first and the
+// space made again. A space of this run that is not as recorded (the job
+// mounted something on it) is refused, and released at the job's end. An
+// unrecorded entry at <tier>/monarch-<key> (not the plugin's) is left alone
+// and refused. Throws TierError.
 void prepare_space(const Tier& tier, const JobRecord& want, const User& user);
 
 // What release_space did, for the log.
 struct Release {
-  int detached = 0;     // mounts detached (the image, and the job's own)
+  int mounts = 0;       // mounts found at and below the job's directory (its image included)
   bool moved = false;   // the job's directory went to the trash
   std::string problem;  // "" when everything named by the record is gone
+  // The job's image, shut down and detached, still held: whoever closes
+  // this last pays for letting the file system go; the epilog hands it to
+  // monarch-purge (trash.h).
+  Fd image;
 };
 
-// Detaches every mount at and below the job's directory, moves the
-// directory (or the image's mount point, and the image) into the trash,
-// and removes the record, in constant time whatever the job left. A record
-// that cannot be completed (a mount that would not detach) is kept for the
-// next sweep.
+// Detaches every mount at and below the job's directory (the image shut
+// down first), moves the directory (or the image's mount point, and the
+// image) into the trash, and removes the record, in constant time whatever
+// the job left. A record that cannot be completed (a mount that would not
+// detach) is kept for the next sweep.
 Release release_space(const Tier& tier, const JobRecord& record);
 
 }  // namespace monarch::spank

@@ -70,7 +70,8 @@ bool detach(int fd) {
 
 // Detaches the mounts stacked at `rel` (below `tier_fd`) until the place
 // shows the tier's own mount again.
-void detach_stack(int tier_fd, const std::string& rel, uint64_t tier_mnt, DetachResult& r) {
+void detach_stack(int tier_fd, const std::string& rel, uint64_t tier_mnt, DetachResult& r,
+                  uint64_t own, Fd* own_root) {
   for (int i = 0; i < kMaxStacked; ++i) {
     struct open_how how = {};
     how.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC;
@@ -79,6 +80,8 @@ void detach_stack(int tier_fd, const std::string& rel, uint64_t tier_mnt, Detach
     if (!fd) return;  // gone, or reached only through a link: not ours to detach
     uint64_t id = mount_id_at(fd.get(), "");
     if (id == 0 || id == tier_mnt) return;
+    if (id == own && own_root)
+      *own_root = Fd(openat(fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (detach(fd.get())) {
       r.detached++;
     } else {
@@ -98,15 +101,18 @@ uint64_t mount_id_at(int dirfd, const char* name) {
   return sx.stx_mnt_id;
 }
 
-DetachResult detach_mounts(int tier_fd, const std::string& tier_path, const std::string& name) {
+DetachResult detach_mounts(int tier_fd, const std::string& tier_path, const std::string& name,
+                           uint64_t own, Fd* own_root) {
   DetachResult r;
   uint64_t tier_mnt = mount_id_at(tier_fd, "");
   if (!tier_mnt) return r;
-  detach_stack(tier_fd, name, tier_mnt, r);  // mounted on the job's directory itself
-  std::string prefix = tier_path + "/" + name + "/";
-  for (const Mount& m : read_mountinfo())
+  std::string base = tier_path + "/" + name, prefix = base + "/";
+  std::vector<Mount> mounts = read_mountinfo();
+  for (const Mount& m : mounts) r.found += m.point == base || m.point.starts_with(prefix);
+  detach_stack(tier_fd, name, tier_mnt, r, own, own_root);  // on the job's directory itself
+  for (const Mount& m : mounts)
     if (m.parent == tier_mnt && m.point.starts_with(prefix))
-      detach_stack(tier_fd, name + "/" + m.point.substr(prefix.size()), tier_mnt, r);
+      detach_stack(tier_fd, name + "/" + m.point.substr(prefix.size()), tier_mnt, r, 0, nullptr);
   return r;
 }
 

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "fd.h"
+
 namespace monarch::spank {
 
 // The mount id of what `name` in `dirfd` is (the mount on top when it is a
@@ -19,13 +21,17 @@ namespace monarch::spank {
 uint64_t mount_id_at(int dirfd, const char* name);
 
 struct DetachResult {
-  int detached = 0;
+  int found = 0;     // mounts at or below the name, before
+  int detached = 0;  // detach calls that worked (each takes the mounts below along)
   int failed = 0;
   int first_errno = 0;
 };
 
 // Detaches every mount at or below `name` in the tier directory `tier_fd`,
-// whose path (as /proc/self/mountinfo names it) is `tier_path`.
-DetachResult detach_mounts(int tier_fd, const std::string& tier_path, const std::string& name);
+// whose path (as /proc/self/mountinfo names it) is `tier_path`. The mount
+// `own` (the job's image), when met, is opened into `own_root` before it is
+// detached: the caller holds it still mounted, detached, until it lets go.
+DetachResult detach_mounts(int tier_fd, const std::string& tier_path, const std::string& name,
+                           uint64_t own = 0, Fd* own_root = nullptr);
 
 }  // namespace monarch::spank

@@ -128,7 +128,8 @@ LiveJobs live_jobs(const std::string& program) {
     }
     size_t slash = info.exe.rfind('/');
     std::string name = info.exe.substr(slash == std::string::npos ? 0 : slash + 1);
-    if (name != "slurmstepd" || !all_uids(info, 0)) return;
+    // Debian installs it as slurmstepd-wlm.
+    if (!name.starts_with("slurmstepd") || !all_uids(info, 0)) return;
     // slurmstepd writes its title over its argv: "slurmstepd: [ID.STEP]".
     std::string title;
     if (!read_small_file("/proc/" + std::to_string(pid) + "/cmdline", title)) return;

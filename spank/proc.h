@@ -2,7 +2,7 @@
 // trusting anything a user can write: a process is a job's stager only if
 // its uids, its executable and its command line all say so, and a job runs
 // on this node while one of its slurmstepd processes (root's, executable
-// slurmstepd, titled "slurmstepd: [ID.STEP]") or its stager lives.
+// slurmstepd*, titled "slurmstepd: [ID.STEP]") or its stager lives.
 // Reads only small files of /proc; command lines only of root's slurmstepd
 // and of processes running the installed stager, which no user can hold up.
 #pragma once

@@ -59,7 +59,7 @@ void write_record(int jobs_fd, const JobRecord& r) {
   char umask[8];
   std::snprintf(umask, sizeof umask, "%04o", unsigned(r.umask & 0777));
   o << "\numask=" << umask << "\nuser=" << r.user << "\nhome=" << r.home << "\nboot=" << r.boot
-    << "\nmount_id=" << r.mount_id << "\n";
+    << "\nrestarts=" << r.restarts << "\nmount_id=" << r.mount_id << "\n";
   std::string text = o.str(), tmp = r.key + kTempSuffix;
   Fd fd(openat(jobs_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
   bool ok = fd && write(fd.get(), text.data(), text.size()) == ssize_t(text.size()) &&
@@ -112,6 +112,9 @@ std::optional<JobRecord> read_record(int jobs_fd, const std::string& key) {
       r.home = value;
     } else if (name == "boot") {
       r.boot = value;
+    } else if (name == "restarts") {
+      ok &= parse_number(value, n);
+      r.restarts = uint32_t(n);
     } else if (name == "mount_id") {
       ok &= parse_number(value, n);
       r.mount_id = n;

@@ -18,12 +18,13 @@ int slurmd_init() {
               "; the tiers are not swept");
     return 0;
   }
-  SweepResult r = sweep(config, "");
+  std::vector<Fd> images;
+  SweepResult r = sweep(config, "", images);
   if (r.swept || r.problems)
     log_info("slurmd start: swept " + std::to_string(r.swept) + " job(s) that left their space, " +
              std::to_string(r.kept) + " still running, " + std::to_string(r.problems) +
              " problem(s)");
-  purge_tiers(config);
+  purge_tiers(config, images);
   return 0;
 }
 

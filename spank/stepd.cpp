@@ -126,6 +126,12 @@ std::vector<Limit> job_limits(spank_t sp) {
   return limits;
 }
 
+// How many times Slurm restarted the job (a requeue makes a new run).
+uint32_t restart_count(spank_t sp) {
+  uint32_t n = 0;
+  return spank_get_item(sp, S_SLURM_RESTART_COUNT, &n) == ESPANK_SUCCESS ? n : 0;
+}
+
 Config node_config() {
   try {
     return load_config(state().args.config);
@@ -148,7 +154,8 @@ StepPlan plan_step(spank_t sp, uint32_t job) {
                  .umask = job_umask(sp),
                  .user = u.name,
                  .home = u.home,
-                 .boot = boot_id()};
+                 .boot = boot_id(),
+                 .restarts = restart_count(sp)};
   plan.launch = {
       .program = MONARCH_STAGER,
       .args = {"--dataset", s.request.dataset, "--job", plan.key, "--config", s.args.config},

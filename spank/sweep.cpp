@@ -26,7 +26,7 @@ uint32_t job_id_of(const std::string& key) {
 
 }  // namespace
 
-SweepResult sweep(const Config& config, const std::string& skip) {
+SweepResult sweep(const Config& config, const std::string& skip, std::vector<Fd>& images) {
   SweepResult out;
   std::string boot = boot_id();
   LiveJobs live = live_jobs(MONARCH_STAGER);
@@ -47,6 +47,7 @@ SweepResult sweep(const Config& config, const std::string& skip) {
         }
         remove_job_cgroups(read_cgroup_record(tier.jobs.get(), key), kCgroupTimeout);
         Release r = release_space(tier, *record);
+        if (r.image) images.push_back(std::move(r.image));
         if (!r.problem.empty()) {
           out.problems++;
           log_error(key + ": sweeping tier " + tc.name + ": " + r.problem +
@@ -69,18 +70,23 @@ SweepResult sweep(const Config& config, const std::string& skip) {
   return out;
 }
 
-void purge_tiers(const Config& config) {
+void purge_tiers(const Config& config, std::vector<Fd>& images) {
   for (const TierConfig& tc : config.tiers) {
     try {
       Tier tier = open_tier(tc, /*create=*/false);
       if (!tier.has_state() || !trash_has_entries(tier.trash.get())) continue;
+      std::vector<int> hand_over;
+      for (const Fd& fd : images) hand_over.push_back(fd.get());
       std::string error;
-      if (!start_purge(tier.trash_path, error))
+      if (!start_purge(tier.trash_path, tier.root_path + "/.monarch/purge.log", hand_over, error))
         log_error("cannot start the purge of " + tier.trash_path + ": " + error);
+      else
+        images.clear();  // the purge holds them now
     } catch (const std::exception& e) {
       log_error(std::string("purge: ") + e.what());
     }
   }
+  images.clear();
 }
 
 }  // namespace monarch::spank

@@ -9,8 +9,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "config.h"
+#include "fd.h"
 
 namespace monarch::spank {
 
@@ -22,9 +24,12 @@ struct SweepResult {
 
 // Sweeps every tier of `config`; `skip` is a key not to touch (the job
 // whose epilog this is, already released). Logs one line per job swept.
-SweepResult sweep(const Config& config, const std::string& skip);
+// The images it released, still held, are added to `images`.
+SweepResult sweep(const Config& config, const std::string& skip, std::vector<Fd>& images);
 
-// Starts monarch-purge on every tier whose trash holds anything.
-void purge_tiers(const Config& config);
+// Starts monarch-purge on every tier whose trash holds anything, handing
+// `images` (released images still held: job_space.h) to the first one,
+// which lets them go; closes them here when no purge starts.
+void purge_tiers(const Config& config, std::vector<Fd>& images);
 
 }  // namespace monarch::spank

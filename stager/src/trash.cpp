@@ -23,6 +23,8 @@
 namespace monarch {
 namespace {
 
+constexpr size_t kMaxHandOver = 64;
+
 bool dot(const char* n) {
   return n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0));
 }
@@ -96,13 +98,20 @@ PurgeResult purge_trash(int trash_fd) {
   }
 }
 
-bool start_purge(const std::string& trash_dir, std::string& error) {
+bool start_purge(const std::string& trash_dir, const std::string& log,
+                 const std::vector<int>& hand_over, std::string& error) {
   // Everything the children need is made before fork: they run
   // async-signal-safe calls only.
-  std::string program = MONARCH_PURGE;
-  std::vector<char*> argv{program.data(), const_cast<char*>(trash_dir.c_str()), nullptr};
+  std::string program = MONARCH_PURGE, log_flag = "--log";
+  std::vector<char*> argv{program.data(), const_cast<char*>(trash_dir.c_str())};
+  if (!log.empty()) argv.insert(argv.end(), {log_flag.data(), const_cast<char*>(log.c_str())});
+  argv.push_back(nullptr);
   char path_env[] = "PATH=/usr/sbin:/usr/bin:/sbin:/bin";
   char* envp[] = {path_env, nullptr};
+  if (hand_over.size() > kMaxHandOver) {
+    error = "too many descriptors to hand over";
+    return false;
+  }
   if (access(program.c_str(), X_OK) != 0) {
     error = program + ": " + std::strerror(errno) + " (is Monarch installed completely?)";
     return false;
@@ -126,7 +135,14 @@ bool start_purge(const std::string& trash_dir, std::string& error) {
     if (fork() != 0) _exit(0);  // the purge is nobody's child
     int null = open("/dev/null", O_RDWR);
     if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0) _exit(127);
-    close_range(3, ~0U, 0);
+    // The handed-over descriptors out of the way, then at 3, 4, ...
+    int moved[kMaxHandOver];
+    for (size_t i = 0; i < hand_over.size(); ++i)
+      if ((moved[i] = fcntl(hand_over[i], F_DUPFD_CLOEXEC, 3 + int(hand_over.size()))) < 0)
+        _exit(127);
+    for (size_t i = 0; i < hand_over.size(); ++i)
+      if (dup2(moved[i], 3 + int(i)) < 0) _exit(127);
+    close_range(3 + unsigned(hand_over.size()), ~0U, 0);
     if (chdir("/") != 0) _exit(127);
     execve(argv[0], argv.data(), envp);
     _exit(127);

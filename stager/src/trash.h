@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "remove_tree.h"
 
@@ -37,9 +38,14 @@ struct PurgeResult {
 // holds it. Entries moved in while it runs are deleted too.
 PurgeResult purge_trash(int trash_fd);
 
-// Starts `monarch-purge DIR` (installed next to the plugin and the programs)
-// detached: its own session, nobody's child, stdio on /dev/null. Returns at
-// once; false with a message when it could not be started.
-bool start_purge(const std::string& trash_dir, std::string& error);
+// Starts `monarch-purge DIR [--log FILE]` (installed with Monarch) detached:
+// its own session, nobody's child, stdin and stdout on /dev/null, its one
+// summary line appended to `log` ("" for none). The descriptors `hand_over`
+// go with it and are closed when it exits: the caller closes its own
+// copies at once, so the purge pays whatever letting them go costs (the
+// last reference to a detached mount). Returns at once; false with a
+// message when it could not be started.
+bool start_purge(const std::string& trash_dir, const std::string& log,
+                 const std::vector<int>& hand_over, std::string& error);
 
 }  // namespace monarch
