@@ -91,8 +91,11 @@ Release release_space(const Tier& tier, const JobRecord& record) {
     out.problem = "cannot detach a mount at or below " + path + ": " + std::strerror(d.first_errno);
     return out;
   }
-  struct stat st;
-  if (fstatat(tier.root.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+  if (uint64_t here = mount_id_at(tier.root.get(), name.c_str())) {  // 0: nothing there
+    if (here != mount_id_at(tier.root.get(), "")) {
+      out.problem = path + " is still a mount point";
+      return out;
+    }
     // An image's mount point is an empty directory of root's; anything
     // else goes to the trash whole.
     if (record.space == JobSpace::kImage &&

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <vector>
 
@@ -95,10 +97,21 @@ void detach_stack(int tier_fd, const std::string& rel, uint64_t tier_mnt, Detach
 }  // namespace
 
 uint64_t mount_id_at(int dirfd, const char* name) {
-  struct statx sx;
-  int flags = AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC | (*name ? 0 : AT_EMPTY_PATH);
-  if (statx(dirfd, name, flags, STATX_MNT_ID, &sx) != 0 || !(sx.stx_mask & STATX_MNT_ID)) return 0;
-  return sx.stx_mnt_id;
+  // From fdinfo, not statx: a FUSE mount without allow_other denies even
+  // root any attribute (EACCES), and an O_PATH open asks it nothing.
+  Fd path;
+  if (*name) {
+    path = Fd(openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (!path) return 0;
+    dirfd = path.get();
+  }
+  Fd info(open(("/proc/self/fdinfo/" + std::to_string(dirfd)).c_str(), O_RDONLY | O_CLOEXEC));
+  char buf[512];
+  ssize_t n = info ? read(info.get(), buf, sizeof buf - 1) : -1;
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char* at = std::strstr(buf, "mnt_id:");
+  return at ? std::strtoull(at + 7, nullptr, 10) : 0;
 }
 
 DetachResult detach_mounts(int tier_fd, const std::string& tier_path, const std::string& name,

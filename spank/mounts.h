@@ -17,7 +17,8 @@
 namespace monarch::spank {
 
 // The mount id of what `name` in `dirfd` is (the mount on top when it is a
-// mount point), from the kernel's cache; 0 when it is not there.
+// mount point), of `dirfd` itself for ""; 0 when it is not there. Read from
+// /proc/self/fdinfo of an O_PATH descriptor: no file system is asked.
 uint64_t mount_id_at(int dirfd, const char* name);
 
 struct DetachResult {

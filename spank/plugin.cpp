@@ -87,6 +87,8 @@ using namespace monarch::spank;
 // Monarch: only a refused option at submission returns an error (submit.cpp).
 extern "C" {
 
+// In slurmd (S_CTX_SLURMD) init runs once, when the daemon starts: Slurm
+// 22.05 has no slurmd_init of its own.
 int slurm_spank_init(spank_t sp, int ac, char** av) {
   return guarded("init", 0, [&] {
     parse_args(ac, av);
@@ -95,6 +97,8 @@ int slurm_spank_init(spank_t sp, int ac, char** av) {
       case S_CTX_REMOTE:
       case S_CTX_ALLOCATOR:
         return register_options(sp);
+      case S_CTX_SLURMD:
+        return slurmd_init();
       default:
         return 0;
     }
@@ -116,13 +120,6 @@ int slurm_spank_user_init(spank_t sp, int ac, char** av) {
 int slurm_spank_task_init(spank_t sp, int ac, char** av) {
   return guarded("task_init", 0,
                  [&] { return spank_context() == S_CTX_REMOTE ? remote_task_init(sp) : 0; });
-}
-
-int slurm_spank_slurmd_init(spank_t sp, int ac, char** av) {
-  return guarded("slurmd_init", 0, [&] {
-    parse_args(ac, av);
-    return spank_context() == S_CTX_SLURMD ? slurmd_init() : 0;
-  });
 }
 
 int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {

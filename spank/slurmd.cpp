@@ -1,4 +1,5 @@
-// slurmd start (slurm_spank_slurmd_init, root, in slurmd itself): sweeps
+// slurmd start (slurm_spank_init in the slurmd context, root, in slurmd
+// itself; Slurm 22.05 has no slurmd_init callback): sweeps
 // what jobs left on the tiers when their epilog never ran (the node crashed
 // or rebooted, slurmd was down, an epilog was killed), then purges the
 // trash in the background. Bounded work: slurmd waits for it.

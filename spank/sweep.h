@@ -1,6 +1,6 @@
 // The sweep: what jobs left on the tiers when their epilog never ran (the
 // node crashed or rebooted, slurmd was down) or could not finish. Runs when
-// slurmd starts (slurm_spank_slurmd_init) and at the end of every job that
+// slurmd starts (slurm_spank_init in its slurmd context) and at the end of every job that
 // used Monarch. A record is stale when it was made under another boot, or
 // when neither a slurmstepd nor a stager of its job runs on the node
 // (proc.h); its space is released (job_space.h) and its cgroups removed.
