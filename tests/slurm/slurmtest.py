@@ -158,12 +158,16 @@ def workdir(user, test):
 
 
 def job_dirs(job):
-    """What is left of the job on any tier: its directories, its records and
-    images in <tier>/.monarch."""
+    """The job's directories that still exist, on any tier."""
+    return [p for p in (os.path.join(t, f"monarch-job{job}") for t in TIERS) if os.path.lexists(p)]
+
+
+def job_state_files(job):
+    """Monarch's own files of the job that still exist, on any tier: its
+    records and images in <tier>/.monarch."""
     paths = []
     for t in TIERS:
-        paths += [os.path.join(t, f"monarch-job{job}"),
-                  os.path.join(t, ".monarch", "jobs", f"job{job}"),
+        paths += [os.path.join(t, ".monarch", "jobs", f"job{job}"),
                   os.path.join(t, ".monarch", "images", f"job{job}.img")]
     return [p for p in paths if os.path.lexists(p)]
 
@@ -492,7 +496,8 @@ class SlurmTest(unittest.TestCase):
         assert_clean(self)
 
     def assertNoLeftovers(self, job):
-        wait_for(lambda: not job_dirs(job), 15, f"the epilog to remove job {job}'s directories")
+        wait_for(lambda: not job_dirs(job) and not job_state_files(job), 15,
+                 f"the epilog to remove job {job}'s directories, record and image")
         wait_for(lambda: not stagers(job), 15, f"job {job}'s stager to go")
         state = node_state()
         self.assertNotIn("drain", state, f"node drained after job {job}")

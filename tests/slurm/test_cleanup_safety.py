@@ -57,7 +57,8 @@ class CleanupSafety(st.SlurmTest):
             self.assertTrue(mounted(mount_point))
             open(os.path.join(work, "go"), "w").close()
             self.assertEqual(st.wait_job(job), "COMPLETED")
-            st.wait_for(lambda: not st.job_dirs(job), 30, "the job's directories to go")
+            st.wait_for(lambda: not st.job_dirs(job) and not st.job_state_files(job), 30,
+                        "the job's directories to go")
             st.wait_for(lambda: not st.monarch_processes(), 60, "the purge to finish")
             self.assertTrue(intact(victim), f"{victim} was changed by the cleanup")
             self.assertTrue(intact(victim2), f"{victim2} was changed through the mount")

@@ -38,7 +38,9 @@ class Disabled(st.SlurmTest):
         back."""
         config = os.path.join(st.ROOT, "monarch-timeout.conf")
         with open(config, "w") as f:
-            f.write(st.read(st.CONFIG).replace("start_timeout = 20", "start_timeout = 2"))
+            # The first tier's image also holds the job map: 100,000 files need more than 4M.
+            f.write(st.read(st.CONFIG).replace("start_timeout = 20", "start_timeout = 2")
+                    .replace("quota = 4M", "quota = 64M"))
         os.chmod(config, 0o644)
         # 100,000 files: indexing them takes a stager long enough (~0.2 s) for
         # stuck.sh to stop it before it is ready.
