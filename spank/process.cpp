@@ -285,7 +285,7 @@ pid_t fork_as_user(const ChildSetup& setup, int error_fd) {
 
 StagerStart start_stager(const StagerLaunch& launch) {
   bool wait = launch.timeout_s > 0;
-  std::vector<std::string> argv{launch.program};
+  std::vector<std::string> argv{launch.program, "--job", launch.key};
   argv.insert(argv.end(), launch.args.begin(), launch.args.end());
   if (wait) argv.insert(argv.end(), {"--ready-fd", "3"});
   CArray args(argv), env(launch.env);

@@ -68,10 +68,10 @@ struct ChildSetup {
 pid_t fork_as_user(const ChildSetup& setup, int error_fd);
 
 struct StagerLaunch {
-  std::string program;  // the installed monarch-stager
-  std::vector<std::string> args;
+  std::string program;            // the installed monarch-stager
+  std::string key;                // the job key, given as --job: names the job's directories
+  std::vector<std::string> args;  // the others
   std::vector<std::string> env;
-  std::string key;          // the job key (--job): names the job's directories
   std::string lock_path;    // <tier0>/monarch-<key>/stager.lock: held while a stager runs
   unsigned timeout_s = 30;  // 0: do not wait for the stager's answer
   ChildSetup setup;         // user, cgroups, limits, umask

@@ -156,14 +156,13 @@ StepPlan plan_step(spank_t sp, uint32_t job) {
                  .home = u.home,
                  .boot = boot_id(),
                  .restarts = restart_count(sp)};
-  plan.launch = {
-      .program = MONARCH_STAGER,
-      .args = {"--dataset", s.request.dataset, "--job", plan.key, "--config", s.args.config},
-      .env = user_environment(u),
-      .key = plan.key,
-      .lock_path = job_dir(plan.config.tiers.at(0), plan.key) + "/" + kLockName,
-      .timeout_s = plan.config.start_timeout_s,
-      .setup = {.limits = job_limits(sp), .umask = plan.record.umask}};
+  plan.launch = {.program = MONARCH_STAGER,
+                 .key = plan.key,
+                 .args = {"--dataset", s.request.dataset, "--config", s.args.config},
+                 .env = user_environment(u),
+                 .lock_path = job_dir(plan.config.tiers.at(0), plan.key) + "/" + kLockName,
+                 .timeout_s = plan.config.start_timeout_s,
+                 .setup = {.limits = job_limits(sp), .umask = plan.record.umask}};
   plan.launch.env.push_back("SLURM_JOB_ID=" + std::to_string(job));
   return plan;
 }
