@@ -21,7 +21,7 @@ class ReportBounds(st.SlurmTest):
         print(note.strip())
         self.assertEqual(len(note.splitlines()), 1, note)
         self.assertRegex(note, r"^monarch-report: .*/stats\.json: 1\.5 GiB of statistics, above the "
-                               r"64\.0 MiB a job's statistics can take: not read")
+                               r"16\.0 MiB a job's statistics can take: not read")
         self.assertFalse(os.path.exists(os.path.join(work, f"monarch-job{job}.json")))
         took = re.search(rf"monarch: job{job}: epilog done in ([0-9.]+) s", st.slurmd_log())
         self.assertTrue(took)
