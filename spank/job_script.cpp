@@ -90,7 +90,7 @@ void stop_stager(const JobEnd& end) {
 // As the user, never root, from the record's identity (no password or group
 // database now). monarch-report bounds what it reads; a statistics file
 // above that bound gets one line in <dir>/monarch-<key>.txt instead.
-void write_report(const JobEnd& end) {
+void run_report(const JobEnd& end) {
   const JobRecord& r = *end.record;
   if (r.user.empty()) return;  // a damaged record: no identity to write as
   std::string dir = report_dir(end.config);
@@ -131,6 +131,15 @@ void write_report(const JobEnd& end) {
   else
     log_error(end.key + ": the report to " + dir + " failed (exit " + std::to_string(rc) +
               "): " + output);
+}
+
+void write_report(const JobEnd& end) {
+  if (!end.record) return;  // Monarch never started for the job on this node
+  try {
+    run_report(end);
+  } catch (const std::exception& e) {
+    log_error(end.key + ": no report: " + e.what());
+  }
 }
 
 void end_cgroups(const JobEnd& end) {
@@ -194,11 +203,7 @@ int job_epilog(spank_t sp) {
   if (!end.any_record && !s.request.dataset_given) return 0;  // Monarch was not used
 
   if (end.uid != 0) stop_stager(end);  // root's jobs never have one
-  if (end.record) try {
-      write_report(end);
-    } catch (const std::exception& e) {
-      log_error(end.key + ": no report: " + e.what());
-    }
+  write_report(end);
   end_cgroups(end);
   release_spaces(end);
   sweep(end.config, end.key, end.images);

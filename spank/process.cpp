@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
-#include <pwd.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -249,25 +248,6 @@ void set_up_child(const ChildSetup& s, const Prepared& p, int err) {
 }
 
 }  // namespace
-
-User lookup_user(uid_t uid, gid_t gid, std::vector<gid_t> groups) {
-  User u{.uid = uid, .gid = gid};
-  std::vector<char> buf(1 << 16);
-  passwd pw, *found = nullptr;
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || !found)
-    throw std::runtime_error("uid " + std::to_string(uid) + " is not in the password database");
-  u.name = pw.pw_name;
-  u.home = pw.pw_dir ? pw.pw_dir : "/";
-  if (groups.empty()) {
-    int n = 64;
-    groups.resize(size_t(n));
-    while (getgrouplist(u.name.c_str(), gid, groups.data(), &n) < 0) groups.resize(size_t(n) + 16);
-    groups.resize(size_t(n));
-  }
-  if (std::find(groups.begin(), groups.end(), gid) == groups.end()) groups.push_back(gid);
-  u.groups = std::move(groups);
-  return u;
-}
 
 std::vector<std::string> user_environment(const User& user) {
   return {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + user.home, "USER=" + user.name,

@@ -23,13 +23,8 @@ struct User {
   uid_t uid = 0;
   gid_t gid = 0;
   std::vector<gid_t> groups;  // supplementary groups, the primary one included
-  std::string name, home;
+  std::string name, home;     // for the environment only: USER, LOGNAME, HOME
 };
-
-// Fills name and home from the password database (at step start, where
-// slurmstepd itself has just used it). `groups`: the job's, from Slurm; the
-// primary group is added. Throws std::runtime_error.
-User lookup_user(uid_t uid, gid_t gid, std::vector<gid_t> groups);
 
 // A minimal environment for a program run for the user.
 std::vector<std::string> user_environment(const User& user);

@@ -15,6 +15,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -90,16 +91,25 @@ std::vector<std::string> preload_entries(const std::string& value) {
 
 // ---- plan_step ----
 
+// Who the job runs as, from Slurm alone: ids and groups as the job has
+// them, its name and home from the job's environment (they only make the
+// environment of the stager and the report). No password or group lookup.
 User job_user(spank_t sp) {
-  auto uid = item<uid_t>(sp, S_JOB_UID, "the job's uid");
-  auto gid = item<gid_t>(sp, S_JOB_GID, "the job's gid");
-  if (uid == 0) throw std::runtime_error("jobs of root do not use Monarch");
+  User u{.uid = item<uid_t>(sp, S_JOB_UID, "the job's uid"),
+         .gid = item<gid_t>(sp, S_JOB_GID, "the job's gid")};
+  if (u.uid == 0) throw std::runtime_error("jobs of root do not use Monarch");
   gid_t* gids = nullptr;
   int ngids = 0;
-  std::vector<gid_t> groups;
   if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &gids, &ngids) == ESPANK_SUCCESS && gids)
-    groups.assign(gids, gids + ngids);
-  return lookup_user(uid, gid, groups);
+    u.groups.assign(gids, gids + ngids);
+  if (std::find(u.groups.begin(), u.groups.end(), u.gid) == u.groups.end())
+    u.groups.push_back(u.gid);
+  u.name = get_env(sp, "SLURM_JOB_USER");
+  if (u.name.empty()) u.name = get_env(sp, "USER");
+  if (u.name.empty()) u.name = "uid" + std::to_string(u.uid);
+  u.home = get_env(sp, "HOME");
+  if (u.home.empty() || u.home[0] != '/') u.home = "/";
+  return u;
 }
 
 // The job's umask (SLURM_UMASK, which sbatch and srun set from the user's).

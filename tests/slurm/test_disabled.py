@@ -39,11 +39,12 @@ class Disabled(st.SlurmTest):
         config = os.path.join(st.ROOT, "monarch-timeout.conf")
         with open(config, "w") as f:
             # The first tier's image also holds the job map: 100,000 files need more than 4M.
-            f.write(st.read(st.CONFIG).replace("start_timeout = 20", "start_timeout = 2")
+            f.write(st.read(st.CONFIG).replace("start_timeout = 20", "start_timeout = 5")
                     .replace("quota = 4M", "quota = 64M"))
         os.chmod(config, 0o644)
         # 100,000 files: indexing them takes a stager long enough (~0.2 s) for
-        # stuck.sh to stop it before it is ready.
+        # stuck.sh to stop it before it is ready; the batch step's stager has
+        # 5 s to be ready, ample even on a loaded machine.
         dataset = os.path.join(st.DATA, "many-files")
         if not os.path.exists(dataset + ".done"):
             for c in range(100):
@@ -60,7 +61,7 @@ class Disabled(st.SlurmTest):
             out = st.read(os.path.join(work, f"slurm-{job}.out"))
             lines = [l for l in out.splitlines() if l.startswith("monarch: disabled")]
             self.assertEqual(lines, ["monarch: disabled for this job: the stager did not answer "
-                                     "within 2 s (start_timeout in the configuration); reading "
+                                     "within 5 s (start_timeout in the configuration); reading "
                                      "from the PFS"], out)
             self.assertEqual(st.read(os.path.join(work, "step.env")), "")
             self.assertEqual(st.read(os.path.join(work, "step.stagers")), "",
