@@ -275,21 +275,27 @@ def wait_running(job, timeout=30):
 
 # ---- what Monarch leaves behind ----
 
-def monarch_processes():
-    """Live processes running an installed Monarch program: [(pid, exe)]."""
-    out = []
+def processes():
+    """Every live (not zombie) process: (pid, exe without " (deleted)",
+    status text, argv as bytes)."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             exe = os.readlink(f"/proc/{name}/exe").replace(" (deleted)", "")
             with open(f"/proc/{name}/status") as f:
-                zombie = "\nState:\tZ" in f.read()
+                status = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
         except OSError:
             continue
-        if exe in PROGRAMS and not zombie:
-            out.append((int(name), exe))
-    return out
+        if "\nState:\tZ" not in status:
+            yield int(name), exe, status, argv
+
+
+def monarch_processes():
+    """Live processes running an installed Monarch program: [(pid, exe)]."""
+    return [(pid, exe) for pid, exe, _, _ in processes() if exe in PROGRAMS]
 
 
 def mounts_below(root):

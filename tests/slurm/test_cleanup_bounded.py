@@ -31,19 +31,11 @@ def root_cleaners():
     """Root's cleanup processes now: the job-script process running the
     epilog (slurmstepd spank epilog) and monarch-purge. [(pid, kind)]"""
     found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            exe = os.readlink(f"/proc/{name}/exe").replace(" (deleted)", "")
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
+    for pid, exe, _, argv in st.processes():
         if exe == st.PURGE:
-            found.append((int(name), "purge"))
+            found.append((pid, "purge"))
         elif os.path.basename(exe).startswith("slurmstepd") and b"epilog" in argv:
-            found.append((int(name), "epilog"))
+            found.append((pid, "epilog"))
     return found
 
 

@@ -4,7 +4,6 @@ stages under the key of component 1's job id, and that component's epilog
 (on that node) stops that stager and removes that space: the id the stager
 uses is the id the epilog cleans, for each component."""
 import os
-import re
 
 import slurmtest as st
 

@@ -9,7 +9,6 @@ import os
 import pwd
 import signal
 import subprocess
-import time
 
 import slurmtest as st
 
@@ -18,20 +17,11 @@ USER = "monarchtest"
 
 def kill_job_processes(job, uid):
     """Everything of the job: its slurmstepd (root's) and the user's processes."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status") as f:
-                status = f.read()
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
+    for pid, _, status, argv in st.processes():
         owner = int(status.split("\nUid:\t")[1].split()[0])
-        if owner == uid or cmdline.startswith(f"slurmstepd: [{job}.".encode()):
+        if owner == uid or argv[0].startswith(f"slurmstepd: [{job}.".encode()):
             try:
-                os.kill(int(name), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
