@@ -48,8 +48,11 @@ void update_cwd_hint() {
 JobMap* load_map() {
   uint64_t now = monotonic_ns();
   if (now < P.next_load_ns.load() || P.loading.exchange(1)) return P.map.load();
-  P.next_load_ns = now + 500'000'000;
   JobMap* result = P.map.load();
+  // Until the first map is there (the stager indexes while the job starts),
+  // look often: the job switches to copies within milliseconds of it. After,
+  // only a restarted stager brings another: look rarely.
+  P.next_load_ns = now + (result ? 500'000'000 : 5'000'000);
   char path[kPathMax + 16];
   std::snprintf(path, sizeof path, "%s/%s", P.job_dir, kIndexName);
   int fd = real::open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);

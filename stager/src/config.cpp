@@ -1,5 +1,10 @@
 #include "config.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+
 #include <boost/program_options/options_description.hpp>
 #include <boost/program_options/parsers.hpp>
 
@@ -11,6 +16,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+
+#include "jobmap.h"
 
 namespace monarch {
 namespace po = boost::program_options;
@@ -303,6 +310,37 @@ std::string human_bytes(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
   return buf;
+}
+
+// The dataset root as an absolute, lexically normal path, checked readable.
+std::string check_dataset(const std::string& given, const Config& config) {
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd)) cwd[0] = 0;
+  char norm[kPathMax];
+  if (normalize_path(cwd, given, norm, sizeof norm) < 0)
+    throw ConfigError("--dataset '" + given + "': path too long");
+  std::string root = norm;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  struct stat st;
+  if (stat(root.c_str(), &st) != 0) throw ConfigError("--dataset " + root + ": " + std::string(std::strerror(errno)));
+  if (!S_ISDIR(st.st_mode)) throw ConfigError("--dataset " + root + ": not a directory");
+  if (access(root.c_str(), R_OK | X_OK) != 0)
+    throw ConfigError("--dataset " + root + ": cannot list it (" + std::string(std::strerror(errno)) + ")");
+  if (root == "/") throw ConfigError("--dataset /: the root file system cannot be a dataset");
+  char real[PATH_MAX];
+  std::string real_root = realpath(root.c_str(), real) ? real : root;
+  for (const TierConfig& t : config.tiers) {
+    char tr[PATH_MAX];
+    std::string tier_real = realpath(t.path.c_str(), tr) ? tr : t.path;
+    auto inside = [](const std::string& a, const std::string& b) {
+      return a == b ||
+             (a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '/');
+    };
+    if (inside(real_root, tier_real) || inside(tier_real, real_root))
+      throw ConfigError("--dataset " + root + " overlaps the node-local tier " + t.path +
+                       ": the dataset must live on the shared file system");
+  }
+  return root;
 }
 
 }  // namespace monarch

@@ -65,6 +65,11 @@ std::string job_dir(const TierConfig& tier, const std::string& job);
 // A job key is what names the job's directories: letters, digits, '.', '_', '-'.
 bool valid_job_key(std::string_view job);
 
+// The dataset root `given` (relative to the working directory, or absolute)
+// as an absolute, lexically normal path, checked to be a directory the caller
+// can list and outside every tier. Throws ConfigError saying what is wrong.
+std::string check_dataset(const std::string& given, const Config& config);
+
 // Formats a byte count for people: "1.5 GiB".
 std::string human_bytes(double bytes);
 

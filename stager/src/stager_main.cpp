@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -22,6 +23,8 @@
 
 #include <cerrno>
 #include <climits>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -105,37 +108,6 @@ int open_job_dir(const TierConfig& tier, const std::string& job) {
   return fd;
 }
 
-// The dataset root as an absolute, lexically normal path, checked readable.
-std::string check_dataset(const std::string& given, const Config& config) {
-  char cwd[PATH_MAX];
-  if (!getcwd(cwd, sizeof cwd)) cwd[0] = 0;
-  char norm[kPathMax];
-  if (normalize_path(cwd, given, norm, sizeof norm) < 0)
-    throw StartError("--dataset '" + given + "': path too long");
-  std::string root = norm;
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
-  struct stat st;
-  if (stat(root.c_str(), &st) != 0) throw StartError("--dataset " + root + ": " + errno_text());
-  if (!S_ISDIR(st.st_mode)) throw StartError("--dataset " + root + ": not a directory");
-  if (access(root.c_str(), R_OK | X_OK) != 0)
-    throw StartError("--dataset " + root + ": cannot list it (" + errno_text() + ")");
-  if (root == "/") throw StartError("--dataset /: the root file system cannot be a dataset");
-  char real[PATH_MAX];
-  std::string real_root = realpath(root.c_str(), real) ? real : root;
-  for (const TierConfig& t : config.tiers) {
-    char tr[PATH_MAX];
-    std::string tier_real = realpath(t.path.c_str(), tr) ? tr : t.path;
-    auto inside = [](const std::string& a, const std::string& b) {
-      return a == b ||
-             (a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '/');
-    };
-    if (inside(real_root, tier_real) || inside(tier_real, real_root))
-      throw StartError("--dataset " + root + " overlaps the node-local tier " + t.path +
-                       ": the dataset must live on the shared file system");
-  }
-  return root;
-}
-
 uint64_t random64() {
   uint64_t v = 0;
   if (getrandom(&v, sizeof v, 0) != sizeof v) v = uint64_t(getpid()) << 32 ^ monotonic_ns();
@@ -156,6 +128,11 @@ struct Stager {
   std::unique_ptr<Stats> stats;
   int sock = -1;
   std::atomic<bool> stop{false};
+  // Wakes the receiver and the ticker at once when the stager stops: the end
+  // of a job step waits for nothing but the statistics.
+  int stop_fd = eventfd(0, EFD_CLOEXEC);
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
 
   void setup_logging() {
     auto level = spdlog::level::from_str(opt.log_level.empty() ? config.log_level : opt.log_level);
@@ -259,22 +236,7 @@ struct Stager {
         },
         /*reserve=*/0);
 
-    IndexOptions io{.root = root,
-                    .out_path = tier_dirs[0] + "/" + kIndexName,
-                    .tier_dirs = tier_dirs,
-                    .consistency = uint32_t(config.consistency == Consistency::kOpen),
-                    .small_file_max = config.small_file_max,
-                    .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000,
-                    .generation = random64()};
-    try {
-      map = build_index(io, index_stats, [this](JobMap& m) { adopt(m); });
-    } catch (const std::runtime_error& e) {
-      throw StartError(e.what(), StartError::kNode);
-    }
-    spdlog::info("indexed {} files, {} in {} directories in {:.3f} s ({} skipped); kept {} copies",
-                 index_stats.files, human_bytes(double(index_stats.bytes)), index_stats.dirs,
-                 index_stats.seconds, index_stats.skipped, counters[s_adopted].load());
-
+    // The socket first: requests that come while the dataset is indexed wait in it.
     sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     int rcvbuf = 8 << 20;
     setsockopt(sock, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
@@ -289,9 +251,33 @@ struct Stager {
                        StartError::kNode);
     if (cwd >= 0) (void)!fchdir(cwd), close(cwd);
 
-    Header& h = map.map().header();
-    h.stager_pid = getpid();
-    h.heartbeat_ns = monotonic_ns();
+  }
+
+  // The index, then the copier and the statistics: after start() has said
+  // "ready", while the job already runs (its reads go to the PFS until the map
+  // is published). A failure here leaves the job on the PFS.
+  void build() {
+    IndexOptions io{.root = root,
+                    .out_path = tier_dirs[0] + "/" + kIndexName,
+                    .tier_dirs = tier_dirs,
+                    .consistency = uint32_t(config.consistency == Consistency::kOpen),
+                    .small_file_max = config.small_file_max,
+                    .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000,
+                    .generation = random64()};
+    try {
+      map = build_index(io, index_stats, [this](JobMap& m) {
+        adopt(m);
+        // Alive from the moment readers can see the map: a reader that opens
+        // a file then may wait for its copy.
+        m.header().stager_pid = getpid();
+        m.header().heartbeat_ns = monotonic_ns();
+      });
+    } catch (const std::runtime_error& e) {
+      throw StartError(e.what(), StartError::kNode);
+    }
+    spdlog::info("indexed {} files, {} in {} directories in {:.3f} s ({} skipped); kept {} copies",
+                 index_stats.files, human_bytes(double(index_stats.bytes)), index_stats.dirs,
+                 index_stats.seconds, index_stats.skipped, counters[s_adopted].load());
 
     CopierOptions co{.root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC),
                      .tier_fds = tier_fds,
@@ -319,8 +305,8 @@ struct Stager {
 
   void receive() {
     while (!stop) {
-      pollfd p{.fd = sock, .events = POLLIN};
-      if (poll(&p, 1, 200) <= 0) continue;
+      pollfd p[2] = {{.fd = sock, .events = POLLIN}, {.fd = stop_fd, .events = POLLIN}};
+      if (poll(p, 2, 200) <= 0 || !(p[0].revents & POLLIN)) continue;
       Message m;
       iovec iov{&m, sizeof m};
       // Room for more descriptors than a request carries: every one that
@@ -405,7 +391,10 @@ struct Stager {
     constexpr uint64_t kBeat = 100'000'000;
     uint64_t n = 0, beat = monotonic_ns(), wait = kBeat;
     while (!stop) {
-      std::this_thread::sleep_for(std::chrono::nanoseconds(wait));
+      {
+        std::unique_lock lock(stop_mu);
+        stop_cv.wait_for(lock, std::chrono::nanoseconds(wait), [this] { return stop.load(); });
+      }
       uint64_t now = monotonic_ns();
       wait = stats->tick(now);
       if (now - beat < kBeat) {
@@ -430,12 +419,19 @@ struct Stager {
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);  // a copy above the job's file size limit fails with EFBIG
 
+    tell(opt.ready_fd, "ready");
+    try {
+      build();
+    } catch (const StartError& e) {
+      spdlog::error("{}; the job reads from the PFS", e.what());
+      tell(opt.ready_fd, std::string("error: unavailable: ") + e.what());
+      return 1;
+    }
+    if (opt.ready_fd >= 0) close(opt.ready_fd);
     copier->start();
     std::thread receiver([this] { receive(); });
     std::thread ticker([this] { tick(); });
     write_stats(false);
-    tell(opt.ready_fd, "ready");
-    if (opt.ready_fd >= 0) close(opt.ready_fd);
     // From now on the log file says everything: the caller's terminal or pipe
     // is not held (a stager stuck in a hung PFS must not keep a pipe open).
     if (int null = open("/dev/null", O_RDWR | O_CLOEXEC); null >= 0) {
@@ -447,7 +443,13 @@ struct Stager {
     sigwait(&set, &sig);
     spdlog::info("stopping on signal {}", sig);
     map.map().header().stopping = 1;
-    stop = true;
+    {
+      std::lock_guard lock(stop_mu);
+      stop = true;
+    }
+    stop_cv.notify_all();
+    uint64_t one = 1;
+    (void)!write(stop_fd, &one, sizeof one);
     receiver.join();
     ticker.join();
     bool joined = copier->stop(uint64_t(config.stop_timeout_s) * 500'000'000);
@@ -522,7 +524,11 @@ int main(int argc, char** argv) {
     else
       s.config = load_config(opt.config);
     override_tiers(s.config, opt.tiers);
-    s.root = check_dataset(opt.dataset, s.config);
+    try {
+      s.root = check_dataset(opt.dataset, s.config);
+    } catch (const ConfigError& e) {
+      throw StartError(e.what());
+    }
     s.start();
   } catch (const StartError& e) {
     std::cerr << "monarch-stager: " << e.what() << "\n";
