@@ -74,9 +74,10 @@ int on_fstat(int fd, struct stat* st, Pass<int> pass) {
   if (!e) return pass();
   JobMap* m = e->map;
   uint32_t w = m->entry(e->file).state.load(std::memory_order_relaxed);
-  bool unchanged = state_of(w) != kStale;
-  if ((unchanged || (aux_of(w) & kNamesOnly)) && m->consistency() == 0 &&
-      m->fill_stat(e->file, st)) {
+  bool unchanged = state_of(w) != kStale, renamed = !unchanged && (aux_of(w) & kNamesOnly);
+  // Under consistency = open the PFS answers, unless the file's name moved:
+  // its path then leads elsewhere, and the index still describes the file.
+  if ((renamed || (unchanged && m->consistency() == 0)) && m->fill_stat(e->file, st)) {
     add(m, c_stat_index);
     return 0;
   }

@@ -322,10 +322,12 @@ std::string check_dataset(const std::string& given, const Config& config) {
   std::string root = norm;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   struct stat st;
-  if (stat(root.c_str(), &st) != 0) throw ConfigError("--dataset " + root + ": " + std::string(std::strerror(errno)));
+  if (stat(root.c_str(), &st) != 0)
+    throw ConfigError("--dataset " + root + ": " + std::string(std::strerror(errno)));
   if (!S_ISDIR(st.st_mode)) throw ConfigError("--dataset " + root + ": not a directory");
   if (access(root.c_str(), R_OK | X_OK) != 0)
-    throw ConfigError("--dataset " + root + ": cannot list it (" + std::string(std::strerror(errno)) + ")");
+    throw ConfigError("--dataset " + root + ": cannot list it (" +
+                      std::string(std::strerror(errno)) + ")");
   if (root == "/") throw ConfigError("--dataset /: the root file system cannot be a dataset");
   char real[PATH_MAX];
   std::string real_root = realpath(root.c_str(), real) ? real : root;
@@ -338,7 +340,7 @@ std::string check_dataset(const std::string& given, const Config& config) {
     };
     if (inside(real_root, tier_real) || inside(tier_real, real_root))
       throw ConfigError("--dataset " + root + " overlaps the node-local tier " + t.path +
-                       ": the dataset must live on the shared file system");
+                        ": the dataset must live on the shared file system");
   }
   return root;
 }

@@ -24,9 +24,9 @@
 #include <cerrno>
 #include <climits>
 #include <condition_variable>
-#include <mutex>
 #include <cstring>
 #include <iostream>
+#include <mutex>
 #include <thread>
 
 #include "config.h"
@@ -250,7 +250,6 @@ struct Stager {
       throw StartError("cannot create " + tier_dirs[0] + "/" + kSocketName + ": " + errno_text(),
                        StartError::kNode);
     if (cwd >= 0) (void)!fchdir(cwd), close(cwd);
-
   }
 
   // The index, then the copier and the statistics: after start() has said
