@@ -26,7 +26,7 @@ namespace {
 
 constexpr const char* kGeneralKeys =
     "copy_threads, log_level, report_dir, consistency, small_file_max, stage_ahead, "
-    "stall_timeout, start_timeout, stop_timeout";
+    "stall_timeout, index_rate, start_timeout, stop_timeout";
 constexpr const char* kTierKeys = "path, quota, block_size";
 
 std::string trim(std::string_view s) {
@@ -247,6 +247,8 @@ Config load_config(const std::string& path) {
         if (!parse_bool(value, c.stage_ahead)) throw std::invalid_argument("accepted: yes, no");
       } else if (key == "stall_timeout") {
         c.stall_timeout_ms = parse_count(value, 1, 60000);
+      } else if (key == "index_rate") {
+        c.index_rate = parse_count(value, 0, 10'000'000);
       } else if (key == "start_timeout") {
         c.start_timeout_s = parse_count(value, 0, 3600);
       } else if (key == "stop_timeout") {

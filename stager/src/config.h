@@ -35,7 +35,8 @@ struct Config {
   Consistency consistency = Consistency::kJob;
   uint64_t small_file_max = 1 << 20;
   bool stage_ahead = true;
-  unsigned stall_timeout_ms = 200;  // a reader waits at most this long for a copy without progress
+  unsigned stall_timeout_ms = 200;
+  unsigned index_rate = 0;  // metadata calls per second the index walk may make, 0: unpaced  // a reader waits at most this long for a copy without progress
   unsigned start_timeout_s = 30;
   unsigned stop_timeout_s = 10;
   std::string source;  // the file it was read from, for messages

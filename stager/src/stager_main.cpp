@@ -262,7 +262,8 @@ struct Stager {
                     .consistency = uint32_t(config.consistency == Consistency::kOpen),
                     .small_file_max = config.small_file_max,
                     .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000,
-                    .generation = random64()};
+                    .generation = random64(),
+                    .index_rate = config.index_rate};
     try {
       map = build_index(io, index_stats, [this](JobMap& m) {
         adopt(m);
@@ -274,9 +275,12 @@ struct Stager {
     } catch (const std::runtime_error& e) {
       throw StartError(e.what(), StartError::kNode);
     }
-    spdlog::info("indexed {} files, {} in {} directories in {:.3f} s ({} skipped); kept {} copies",
-                 index_stats.files, human_bytes(double(index_stats.bytes)), index_stats.dirs,
-                 index_stats.seconds, index_stats.skipped, counters[s_adopted].load());
+    spdlog::info(
+        "indexed {} files, {} in {} directories in {:.3f} s ({} skipped, {} metadata calls); kept "
+        "{} copies",
+        index_stats.files, human_bytes(double(index_stats.bytes)), index_stats.dirs,
+        index_stats.seconds, index_stats.skipped, index_stats.metadata_calls,
+        counters[s_adopted].load());
 
     CopierOptions co{.root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC),
                      .tier_fds = tier_fds,
