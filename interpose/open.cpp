@@ -86,6 +86,7 @@ int open_copy(JobMap* m, uint32_t file, uint32_t tier, int flags) {
   e->dev = st.st_dev;
   e->ino = st.st_ino;
   add(m, c_tier_opens + tier);
+  touch(m, file);
   return fd;
 }
 
@@ -291,6 +292,7 @@ FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
       e->ino = st.st_ino;
       e->stream = true;
       add(m, c_tier_opens + s.tier);
+      touch(m, r.id);
       return f;
     }
     if (f) real::fclose(f);

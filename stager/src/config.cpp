@@ -26,6 +26,7 @@ namespace {
 
 constexpr const char* kGeneralKeys =
     "copy_threads, log_level, report_dir, consistency, small_file_max, stage_ahead, "
+    "stage_ahead_window, "
     "stall_timeout, index_rate, start_timeout, stop_timeout";
 constexpr const char* kTierKeys = "path, quota, block_size";
 
@@ -103,26 +104,34 @@ unsigned parse_count(const std::string& v, unsigned lo, unsigned hi) {
   return static_cast<unsigned>(n);
 }
 
-// "80%" or a size. Returns false for a percentage outside (0, 100].
-void parse_quota(const std::string& v, TierConfig& tier) {
-  const char* accepted = "accepted: a size such as 500G or a share of the file system such as 80%";
+// "80%" (a share, above 0 and at most 100) or a size ("500G").
+struct Share {
+  uint64_t bytes = 0;
+  double percent = 0;
+};
+Share parse_share(const std::string& v, const char* accepted) {
   if (!v.empty() && v.back() == '%') {
     char* end = nullptr;
     double p = std::strtod(v.c_str(), &end);
     if (end != v.c_str() + v.size() - 1 || !(p > 0 && p <= 100))
       throw std::invalid_argument(std::string("a percentage must be above 0 and at most 100; ") +
                                   accepted);
-    tier.quota_percent = p;
-    tier.quota_bytes = 0;
-    return;
+    return {0, p};
   }
   try {
-    tier.quota_bytes = parse_size(v);
-    tier.quota_percent = 0;
+    return {parse_size(v), 0};
   } catch (const std::invalid_argument&) {
     throw std::invalid_argument(accepted);
   }
-  if (tier.quota_bytes == 0) throw std::invalid_argument(std::string("must not be 0; ") + accepted);
+}
+
+void parse_quota(const std::string& v, TierConfig& tier) {
+  const char* accepted = "accepted: a size such as 500G or a share of the file system such as 80%";
+  Share q = parse_share(v, accepted);
+  if (!q.percent && !q.bytes)
+    throw std::invalid_argument(std::string("must not be 0; ") + accepted);
+  tier.quota_bytes = q.bytes;
+  tier.quota_percent = q.percent;
 }
 
 void check_tier_path(const std::string& path) {
@@ -245,6 +254,11 @@ Config load_config(const std::string& path) {
         if (c.small_file_max > (64u << 20)) throw std::invalid_argument("accepted: from 0 to 64M");
       } else if (key == "stage_ahead") {
         if (!parse_bool(value, c.stage_ahead)) throw std::invalid_argument("accepted: yes, no");
+      } else if (key == "stage_ahead_window") {
+        Share w =
+            parse_share(value, "accepted: a size such as 2G or a share of the dataset such as 5%");
+        c.stage_ahead_window = w.bytes;
+        c.stage_ahead_window_percent = w.percent;
       } else if (key == "stall_timeout") {
         c.stall_timeout_ms = parse_count(value, 1, 60000);
       } else if (key == "index_rate") {

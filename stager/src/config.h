@@ -35,8 +35,13 @@ struct Config {
   Consistency consistency = Consistency::kJob;
   uint64_t small_file_max = 1 << 20;
   bool stage_ahead = true;
+  // How far stage-ahead may copy ahead of the files readers have touched:
+  // bytes, or a share of the dataset (window_percent), resolved once indexed.
+  uint64_t stage_ahead_window = 0;
+  double stage_ahead_window_percent = 5;
   unsigned stall_timeout_ms = 200;
-  unsigned index_rate = 0;  // metadata calls per second the index walk may make, 0: unpaced  // a reader waits at most this long for a copy without progress
+  unsigned index_rate = 0;  // metadata calls per second the index walk may make, 0: unpaced  // a
+                            // reader waits at most this long for a copy without progress
   unsigned start_timeout_s = 30;
   unsigned stop_timeout_s = 10;
   std::string source;  // the file it was read from, for messages

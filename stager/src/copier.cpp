@@ -247,12 +247,18 @@ bool Copier::next_job(Job& job) {
       running_++;
       return true;
     }
+    bool waiting_for_readers = false;
     if (opt_.stage_ahead) {
       while (backlog_next_ < map_.size()) {
+        if (window_full()) {  // far enough ahead: until readers open some of it
+          waiting_for_readers = true;
+          break;
+        }
         uint32_t f = backlog_[backlog_next_++];
         uint32_t s = map_.entry(f).state.load();
         if (state_of(s) == kNone && set_state(f, s, make_state(kQueued, 0, coarse_now()))) {
-          job = Job{.file = f};
+          job = Job{.file = f, .ahead = true};
+          ahead_bytes_ += map_.entry(f).size;
           running_++;
           return true;
         }
@@ -264,8 +270,16 @@ bool Copier::next_job(Job& job) {
       }
     }
     rescan_ = false;
-    cv_.wait(lock);
+    if (waiting_for_readers)
+      cv_.wait_for(lock, std::chrono::milliseconds(50));  // readers do not call: look again
+    else
+      cv_.wait(lock);
   }
+}
+
+bool Copier::window_full() const {
+  uint64_t touched = map_.header().ahead_touched.load(std::memory_order_relaxed);
+  return ahead_bytes_ > touched && ahead_bytes_ - touched >= opt_.ahead_window;
 }
 
 std::string Copier::tmp_name(uint32_t file) const {
@@ -472,7 +486,14 @@ void Copier::finish(Job& job) {
     return abandon(job, kFailed);
   }
   placement_.written(job.tier, e.size);
-  if (!set_state(job.file, job.copying, make_state(kCached, job.tier))) {
+  // Made ahead of any reader: readers mark it when they open it (kTouched).
+  bool ahead = job.memfd < 0 && !job.urgent && !boost_[job.slot];
+  if (!ahead && job.ahead) {
+    std::lock_guard lock(mu_);
+    ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, e.size);  // a reader asked meanwhile
+    job.ahead = false;
+  }
+  if (!set_state(job.file, job.copying, make_state(kCached, job.tier, ahead ? kAhead : 0))) {
     // Marked stale while it was written: the copy goes, the PFS serves.
     unlinkat(tier_fd, final_name.c_str(), 0);
     placement_.release(job.tier, e.size);
@@ -494,6 +515,11 @@ void Copier::finish(Job& job) {
 }
 
 void Copier::abandon(Job& job, FileState state) {
+  if (job.ahead && state != kQueued) {  // no copy ahead after all
+    std::lock_guard lock(mu_);
+    ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, map_.entry(job.file).size);
+    job.ahead = false;
+  }
   if (job.dst >= 0 || job.slot >= 0) {
     std::string tmp = tmp_name(job.file);
     if (job.tier >= 0) unlinkat(opt_.tier_fds[job.tier], tmp.c_str(), 0);

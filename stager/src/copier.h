@@ -36,6 +36,7 @@ struct CopierOptions {
   std::vector<uint64_t> block_sizes;
   unsigned threads = 4;
   bool stage_ahead = true;
+  uint64_t ahead_window = ~0ull;  // bytes of unread copies stage-ahead may have made
 };
 
 class Copier {
@@ -75,7 +76,8 @@ class Copier {
   struct Job {
     uint32_t file;
     bool urgent = false;
-    int memfd = -1;  // kData: bytes from a reader
+    bool ahead = false;  // from the stage-ahead backlog, counted in ahead_bytes_
+    int memfd = -1;      // kData: bytes from a reader
     int tier = -1, slot = -1, src = -1, dst = -1;
     uint32_t copying = 0;  // the state word begin() set, 0 before
     std::string rel;       // the path begin() read from the map
@@ -111,6 +113,8 @@ class Copier {
   std::deque<Job> urgent_, paused_;
   std::vector<uint32_t> backlog_;  // stage-ahead order: file ids by size
   uint64_t backlog_next_ = 0;
+  uint64_t ahead_bytes_ = 0;  // copies made (or under way) ahead of any reader
+  bool window_full() const;   // REQUIRES mu_
   bool rescan_ = false;
   std::atomic<bool> stopping_{false};
   int running_ = 0;

@@ -24,9 +24,9 @@ struct IndexOptions {
 
 struct IndexStats {
   uint64_t files = 0, bytes = 0, dirs = 0;
-  uint64_t skipped = 0;     // symbolic links, devices, sockets, fifos: read from the PFS
-  uint64_t unreadable = 0;  // directories that could not be listed
-  double seconds = 0;       // walk and write
+  uint64_t skipped = 0;         // symbolic links, devices, sockets, fifos: read from the PFS
+  uint64_t unreadable = 0;      // directories that could not be listed
+  double seconds = 0;           // walk and write
   uint64_t metadata_calls = 0;  // stat and opendir calls the walk made
 };
 

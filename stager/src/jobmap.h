@@ -83,6 +83,10 @@ inline constexpr uint32_t aux_of(uint32_t w) {
 // descriptor of its copy still reads the right ones. Without kNamesOnly the
 // bytes may have changed (a write, a truncate, another version on the PFS).
 inline constexpr uint32_t kCopyToDelete = 1, kNamesOnly = 2;
+// `aux` of kCached: the copy was made ahead (stage-ahead), before any reader
+// asked for it; and a reader has opened it since. Stage-ahead copies at most
+// a window of bytes ahead of what readers have touched.
+inline constexpr uint32_t kAhead = 1, kTouched = 2;
 
 // Time in the 24 bits of `aux`: CLOCK_MONOTONIC in units of 2^20 ns (about
 // 1 ms), wrapping every 4.9 hours; ages are taken modulo the wrap.
@@ -162,6 +166,7 @@ struct Header {
   std::atomic<uint32_t> stopping;   // the stager is shutting down: do not wait for it
   std::atomic<uint32_t> next_slot;  // next free ProcSlot
   std::atomic<uint64_t> copied_ns;  // CLOCK_MONOTONIC of the last progress of any copy (or start)
+  std::atomic<uint64_t> ahead_touched;  // bytes of copies made ahead that readers have opened
   CopySlot copies[kCopySlots];
 };
 

@@ -80,6 +80,30 @@ class Traffic(Case):
                                  f"epoch {e + 1} read more than the uncached part")
             self.assertGreater(d[e]["bytes"], 0)
 
+    def test_partial_read_costs_that_part_and_the_window(self):
+        # A job that reads one tenth of the dataset, once (a test job, one
+        # class folder): the PFS serves about that tenth plus stage-ahead's
+        # window (5% of the dataset by default), not the whole dataset.
+        root = dataset("small", **SMALL)
+        with Pfs(root) as pfs:
+            files = sorted(os.path.join(d, n) for d, _, ns in os.walk(pfs.dataset) for n in ns
+                           if not n.startswith("."))
+            part = files[::10]
+            want = sum(os.path.getsize(p) for p in part)
+            script = ("import sys, time\n"
+                      "for p in sys.argv[1:]:\n"
+                      "    open(p, 'rb').read()\n"
+                      "time.sleep(2)\n")  # time enough for stage-ahead to go as far as it may
+            before = pfs.counts()
+            run([PY, "-c", script] + part, monarch=["--dataset", pfs.dataset, "--tier", tier(self)])
+            pfs_bytes = pfs.counts()["bytes"] - before["bytes"]
+        size = dataset_bytes(root)
+        print(f"partial read: read {want / size:.3f} of the dataset; the PFS served "
+              f"{pfs_bytes / size:.3f}")
+        self.assertGreaterEqual(pfs_bytes, want)
+        self.assertLessEqual(pfs_bytes, want + 0.05 * size + 4 * (4 << 20),
+                             "stage-ahead went further than its window")
+
 
 class ManyProcesses(Case):
     def test_eight_readers_one_quota(self):
