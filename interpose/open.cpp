@@ -192,7 +192,7 @@ State open_state(JobMap* m, uint32_t file, int dirfd, const char* path, bool& fa
     }
   }
   bool small = m->entry(file).size <= m->small_file_max();
-  if (small && m->stager_alive(monotonic_ns()) &&
+  if (small && m->stager_alive(monotonic_ns()) && !m->header().copies_off.load() &&
       (s.state == kClaimed || s.state == kQueued || s.state == kCopying))
     s = wait_small(m, file);
   return s;
@@ -209,7 +209,8 @@ void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
     add(m, c_fb_no_stager);
     reload_map();  // a restarted stager publishes a new map
   }
-  if (!alive || stream || (s.state != kNone && s.state != kQueued && s.state != kCopying)) {
+  bool copies = alive && !m->header().copies_off.load(std::memory_order_relaxed);
+  if (!copies || stream || (s.state != kNone && s.state != kQueued && s.state != kCopying)) {
     e->gave_up = true;  // no copy will serve it: counted, read from the PFS
     return;
   }

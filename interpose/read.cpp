@@ -127,6 +127,10 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
       e->gave_up = true;
       return Wait::kPfs;
     }
+    if (m->header().copies_off.load(std::memory_order_relaxed)) {  // the PFS is as fast
+      e->gave_up = true;
+      return Wait::kPfs;
+    }
     bool working = s.state == kNone || s.state == kQueued || s.state == kCopying;
     if (!working) {  // no room, failed, stale: the PFS it is
       e->gave_up = true;

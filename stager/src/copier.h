@@ -37,6 +37,7 @@ struct CopierOptions {
   unsigned threads = 4;
   bool stage_ahead = true;
   uint64_t ahead_window = ~0ull;  // bytes of unread copies stage-ahead may have made
+  bool fast_fs_check = true;      // stop copying when the PFS is as fast as a tier
 };
 
 class Copier {
@@ -95,6 +96,15 @@ class Copier {
   void abandon(Job& job, FileState state);
   void close_files(Job& job, bool keep_memfd);
   void drop_stale_copy(uint32_t file);
+  // After some copies: is the dataset's file system so fast (a local disk,
+  // an all-flash PFS) that reading copies cannot beat reading it? Then no
+  // more copies are made (Header::copies_off), and readers read it directly.
+  void judge_the_pfs();
+  static constexpr uint64_t kJudgeOpens = 32, kJudgeBytes = 32 << 20;
+  // A PFS open costs a metadata server's round trip (hundreds of us and more);
+  // a local file system's, tens of us. The bandwidth floor keeps copying from
+  // a file system that opens fast but reads slowly (NFS with cached attributes).
+  static constexpr double kFastOpenUs = 100, kFastGBs = 0.3;
   std::string tmp_name(uint32_t file) const;
   bool make_parents(int tier, std::string_view rel);
   void count(StagerCounter c, uint64_t n = 1) {

@@ -30,8 +30,8 @@ class Pace {
  public:
   explicit Pace(uint64_t rate) : rate_(rate), start_ns_(monotonic_ns()) {}
   void one() {
-    if (!rate_) return;
     uint64_t n = calls_.fetch_add(1, std::memory_order_relaxed);
+    if (!rate_) return;
     uint64_t due = start_ns_ + n * 1'000'000'000 / rate_;
     uint64_t now = monotonic_ns();
     if (due > now + 100'000'000) {

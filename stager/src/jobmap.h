@@ -167,6 +167,7 @@ struct Header {
   std::atomic<uint32_t> next_slot;  // next free ProcSlot
   std::atomic<uint64_t> copied_ns;  // CLOCK_MONOTONIC of the last progress of any copy (or start)
   std::atomic<uint64_t> ahead_touched;  // bytes of copies made ahead that readers have opened
+  std::atomic<uint32_t> copies_off;     // the dataset's file system is fast: no copy is worth it
   CopySlot copies[kCopySlots];
 };
 
