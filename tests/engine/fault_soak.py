@@ -124,6 +124,9 @@ def main():
     os.mkdir(tmpfs)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400m,mode=1777", "tmpfs", tmpfs],
                    check=True)
+    conf = os.path.join(work, "monarch.conf")  # its own: not whatever is installed
+    with open(conf, "w") as f:
+        f.write(f"[tier.a]\npath = {tmpfs}\nquota = 300M\n")
     totals = dict(jobs=0, files=0, wrong=0, failed=0, hangs=0)
     faults, fd_growth, rss_max = {}, [], 0
     end = time.time() + a.minutes * 60
@@ -132,7 +135,7 @@ def main():
         with Pfs(src, latency_us=500) as pfs:
             while time.time() < end:
                 inj = Injector(rnd, tmpfs, src, faults)
-                cmd = [MONARCH_RUN, "--dataset", pfs.dataset, "--tier", f"{tmpfs}:300M", "-q",
+                cmd = [MONARCH_RUN, "--dataset", pfs.dataset, "--config", conf, "-q",
                        "--", PY, READER, pfs.dataset, "--workers", "16", "--epochs", "6"]
                 p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
