@@ -62,6 +62,11 @@ void changing(int dirfd, const char* path, bool follow, bool names) {
   JobMap* m = map_for_changes();
   struct stat st;
   if (!m || !path || real::fstatat(dirfd, path, &st, follow ? 0 : AT_SYMLINK_NOFOLLOW) != 0) return;
+  if ((S_ISDIR(st.st_mode) || S_ISLNK(st.st_mode)) &&
+      root_ancestor(st)) {  // moving an ancestor moves every name
+    note("a directory above the dataset changes (%s): every name is stale", path);
+    return mark_stale_dir(m, kRoot, Change::kNames);
+  }
   mark_stale_inode(m, st, names ? Change::kNames : Change::kBytes);
 }
 
@@ -210,11 +215,14 @@ void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
     reload_map();  // a restarted stager publishes a new map
   }
   bool copies = alive && !m->header().copies_off.load(std::memory_order_relaxed);
-  if (!copies || stream || (s.state != kNone && s.state != kQueued && s.state != kCopying)) {
+  if (!copies || (s.state != kNone && s.state != kQueued && s.state != kCopying)) {
     e->gave_up = true;  // no copy will serve it: counted, read from the PFS
     return;
   }
-  if (m->entry(file).size <= m->small_file_max() && s.state == kNone) read_whole(m, file, fd, e);
+  if (s.state == kNone && !stream && m->entry(file).size <= m->small_file_max())
+    return read_whole(m, file, fd, e);
+  if (s.state == kNone) touch(m, file);  // the job reads the dataset: stage-ahead goes further
+  e->gave_up = stream;
 }
 
 // An open for reading of the indexed dataset file `file`.
@@ -236,6 +244,28 @@ int open_file(JobMap* m, uint32_t file, int dirfd, const char* path, int flags, 
 }  // namespace
 
 int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass) {
+  // A magic name of a descriptor of a copy (/proc/self/fd/N): the kernel would
+  // open the PFS file it stands for. For reading, the copy is the same bytes:
+  // it is tracked as one; for writing, the PFS file is opened instead (never
+  // the copy: that would write the copy and lose the write).
+  if (int n = magic_fd(path); n >= 0 && owner()) {
+    FdEntry* e = tracked(n);
+    if (e && e->kind.load() == kLocal && identity(n, e)) {
+      if (!writes(flags)) {
+        int fd = pass();
+        if (fd >= 0) {
+          KeepErrno k;
+          track_copy(fd, false);
+        }
+        return fd;
+      }
+      JobMap* m = e->map;
+      mark_stale(m, e->file);
+      char pfs[2 * kPathMax];
+      if (!pfs_path(m, e->file, pfs, sizeof pfs)) return errno = ENAMETOOLONG, -1;
+      return real::open(pfs, flags & ~O_NOFOLLOW, mode);
+    }
+  }
   if (writes(flags)) {
     int fd = pass();
     if (fd >= 0) {
@@ -309,6 +339,15 @@ FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
 
 FILE* on_freopen(const char* path, const char* mode, FILE* stream, Pass<FILE*> pass) {
   // glibc closes and opens the descriptor inside: Monarch sees neither.
+  // freopen(NULL, ...) reopens the stream's own file through /proc/self/fd:
+  // for a copy's stream, the PFS file is that file.
+  char pfs[2 * kPathMax];
+  FdEntry* e = stream && owner() ? tracked(fileno(stream)) : nullptr;
+  if (!path && e && e->kind.load() == kLocal && identity(fileno(stream), e) &&
+      pfs_path(e->map, e->file, pfs, sizeof pfs)) {
+    untrack(fileno(stream));
+    return real::freopen(pfs, mode, stream);  // the handler of the new path: none needed
+  }
   if (stream && owner()) untrack(fileno(stream));
   FILE* f = pass();
   if (f && mode && (mode[0] != 'r' || std::strchr(mode, '+'))) {
@@ -316,6 +355,14 @@ FILE* on_freopen(const char* path, const char* mode, FILE* stream, Pass<FILE*> p
     opened_for_writing(fileno(f));
   }
   return f;
+}
+
+int on_spawn_open(const char* path, int flags, Pass<int> pass) {
+  if (writes(flags)) {
+    KeepErrno k;
+    changing(AT_FDCWD, path, !(flags & O_NOFOLLOW), false);
+  }
+  return pass();
 }
 
 int on_change(int dirfd, const char* path, bool follow, bool names, Pass<int> pass) {

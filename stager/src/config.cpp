@@ -26,8 +26,7 @@ namespace {
 
 constexpr const char* kGeneralKeys =
     "copy_threads, log_level, report_dir, consistency, small_file_max, stage_ahead, "
-    "stage_ahead_window, "
-    "stall_timeout, index_rate, start_timeout, stop_timeout";
+    "stage_ahead_window, copy_fast_dataset, stall_timeout, index_rate, start_timeout, stop_timeout";
 constexpr const char* kTierKeys = "path, quota, block_size";
 
 std::string trim(std::string_view s) {
@@ -259,6 +258,9 @@ Config load_config(const std::string& path) {
             parse_share(value, "accepted: a size such as 2G or a share of the dataset such as 5%");
         c.stage_ahead_window = w.bytes;
         c.stage_ahead_window_percent = w.percent;
+      } else if (key == "copy_fast_dataset") {
+        if (!parse_bool(value, c.copy_fast_dataset))
+          throw std::invalid_argument("accepted: yes, no");
       } else if (key == "stall_timeout") {
         c.stall_timeout_ms = parse_count(value, 1, 60000);
       } else if (key == "index_rate") {

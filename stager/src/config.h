@@ -27,6 +27,10 @@ struct TierConfig {
   uint64_t block_size = 4 << 20;
 };
 
+// The least window a share of the dataset gives: a few MiB save the PFS
+// nothing measurable, and a small dataset (a demo, a test) is staged whole.
+inline constexpr uint64_t kMinAheadWindow = 4 << 20;
+
 struct Config {
   std::vector<TierConfig> tiers;  // fastest first
   unsigned copy_threads = 4;
@@ -39,9 +43,10 @@ struct Config {
   // bytes, or a share of the dataset (window_percent), resolved once indexed.
   uint64_t stage_ahead_window = 0;
   double stage_ahead_window_percent = 5;
+  bool copy_fast_dataset = false;  // copy a dataset that reads as fast as a tier
+  // A reader waits at most this long for a copy without progress.
   unsigned stall_timeout_ms = 200;
-  unsigned index_rate = 0;  // metadata calls per second the index walk may make, 0: unpaced  // a
-                            // reader waits at most this long for a copy without progress
+  unsigned index_rate = 0;  // metadata calls per second the index walk may make, 0: unpaced
   unsigned start_timeout_s = 30;
   unsigned stop_timeout_s = 10;
   std::string source;  // the file it was read from, for messages

@@ -275,8 +275,9 @@ bool Copier::next_job(Job& job) {
         uint32_t f = backlog_[backlog_next_++];
         uint32_t s = map_.entry(f).state.load();
         if (state_of(s) == kNone && set_state(f, s, make_state(kQueued, 0, coarse_now()))) {
-          job = Job{.file = f, .ahead = true};
-          ahead_bytes_ += map_.entry(f).size;
+          // A file a reader read from the PFS is not ahead: the job reads it.
+          job = Job{.file = f, .ahead = !(aux_of(s) & kTouched)};
+          if (job.ahead) ahead_bytes_ += map_.entry(f).size;
           running_++;
           return true;
         }
@@ -507,7 +508,7 @@ void Copier::finish(Job& job) {
   }
   placement_.written(job.tier, e.size);
   // Made ahead of any reader: readers mark it when they open it (kTouched).
-  bool ahead = job.memfd < 0 && !job.urgent && !boost_[job.slot];
+  bool ahead = job.ahead && job.memfd < 0 && !job.urgent && !boost_[job.slot];
   if (!ahead && job.ahead) {
     std::lock_guard lock(mu_);
     ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, e.size);  // a reader asked meanwhile

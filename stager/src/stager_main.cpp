@@ -282,14 +282,17 @@ struct Stager {
         index_stats.seconds, index_stats.skipped, index_stats.metadata_calls,
         counters[s_adopted].load());
 
-    CopierOptions co{.root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC),
-                     .tier_fds = tier_fds,
-                     .threads = config.copy_threads,
-                     .stage_ahead = config.stage_ahead,
-                     .ahead_window = config.stage_ahead_window
-                                         ? config.stage_ahead_window
-                                         : uint64_t(double(map.map().header().dataset_bytes) *
-                                                    config.stage_ahead_window_percent / 100)};
+    CopierOptions co{
+        .root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC),
+        .tier_fds = tier_fds,
+        .threads = config.copy_threads,
+        .stage_ahead = config.stage_ahead,
+        .ahead_window =
+            config.stage_ahead_window
+                ? config.stage_ahead_window
+                : std::max(kMinAheadWindow, uint64_t(double(map.map().header().dataset_bytes) *
+                                                     config.stage_ahead_window_percent / 100)),
+        .fast_fs_check = !config.copy_fast_dataset};
     for (const TierConfig& t : config.tiers) co.block_sizes.push_back(t.block_size);
     copier = std::make_unique<Copier>(map.map(), *placement, co, counters);
 

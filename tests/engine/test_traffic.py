@@ -134,5 +134,33 @@ class ManyProcesses(Case):
         self.assertEqual(made, stats["cached"]["files"], "a file was copied more than once")
 
 
+class FastDataset(Case):
+    def test_a_dataset_as_fast_as_a_tier_is_not_copied(self):
+        # On a local disk (here, in the page cache) a copy gains nothing: the
+        # stager's own reads show it, copying stops and readers read it
+        # directly. copy_fast_dataset = yes copies it anyway.
+        root = dataset("small", **SMALL)
+        ref = reference(root)
+        files = sum(len(ns) for _, _, ns in os.walk(root))
+        cached = {}
+        for copy_fast in ("no", "yes"):
+            t = tier(self)
+            conf, report = os.path.join(t, "monarch.conf"), os.path.join(t, "report.json")
+            with open(conf, "w") as f:
+                f.write(f"copy_fast_dataset = {copy_fast}\n[tier.a]\npath = {t}\nquota = 1G\n")
+            epochs, _ = read_dataset(root, "read", epochs=2,
+                                     monarch=["--dataset", root, "--config", conf, "--keep",
+                                              "--report", report])
+            self.assertSameBytes(epochs, ref, n_epochs=2)
+            with open(report) as f:
+                stats = json.load(f)
+            self.assertEqual(stats["totals"]["stager"]["copies_off"], copy_fast == "no")
+            cached[copy_fast] = stats["cached"]["files"]
+        print(f"files cached of {files}: {cached['no']} (fast dataset), {cached['yes']} "
+              f"(copy_fast_dataset = yes)")
+        self.assertLess(cached["no"], files)
+        self.assertEqual(cached["yes"], files)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
