@@ -1,5 +1,25 @@
-// The descriptor table and the per-thread counters of the interposition
-// library: what the read path needs inline in the generated wrappers.
+// The descriptor table of the interposition library: what Monarch knows of the
+// descriptors it opened, and the per-thread counters; what the read path needs
+// inline in the generated wrappers.
+//
+// Monarch never puts one file in place of another behind a descriptor number
+// the program holds. A dataset file is served by one of two kinds of
+// descriptor, decided once, at open, for the descriptor's whole life:
+//   kLocal  the file was cached at open: the program holds a descriptor of
+//           the local copy itself; reads run natively on it, and what the
+//           copy cannot answer as the PFS file would (stat, /proc/self/fd,
+//           copy_file_range...) is answered from the index or made on the PFS.
+//   kPfs    the program holds its own descriptor of the PFS file, so every
+//           call the kernel answers from the descriptor (offsets shared with
+//           dup and fork, flags, locks, identity) is the PFS's. Monarch only
+//           serves its reads, from the bytes read whole at open (small files)
+//           or from the copy, once it has checked, at that very call, that
+//           the descriptor is still the dataset file in the indexed version.
+// A table entry is a claim about a descriptor number, so it can go stale when
+// the number is closed or reused behind Monarch's back (closefrom, a raw
+// system call...). Every use that could serve wrong bytes checks the claim
+// against the kernel first (identity(), in fdtable.cpp); only native reads of
+// a copy, which are right whatever the table says, skip the check.
 #pragma once
 
 #include <sys/types.h>
@@ -7,36 +27,91 @@
 #include <atomic>
 #include <cstdint>
 
-#include "interpose.h"
 #include "jobmap.h"
 
 namespace monarch {
 
-// How a descriptor of a dataset file is served (interpose.cpp explains each).
-enum Kind : uint8_t { kUntracked = 0, kLocal, kMem, kPfs, kPfsPlain };
+enum Kind : uint8_t { kUntracked = 0, kLocal, kPfs };
+
+// Bytes of a small file read whole at open, shared by the entries of one
+// descriptor's duplicates (dup, dup2, fcntl). Unmapped with the last of them.
+struct Whole {
+  std::atomic<int> refs;
+  char* data;
+  uint64_t size;
+};
 
 struct FdEntry {
   std::atomic<uint8_t> kind;
-  uint8_t tier;
-  bool placed;            // a kPlace was sent for it
-  bool stream;            // opened by fopen: reads are not seen, the offset is counted at fclose
-  bool stale;             // the PFS file differs from the index: stat goes to the PFS
-  std::atomic_flag lock;  // kPfs only: switching, partial reads, read()/lseek offsets
+  uint8_t tier;   // kLocal: the copy's tier
+  bool shared;    // dup'd or inherited: the offset may move under us, read() is not emulated
+  bool gave_up;   // kPfs: never served from a copy again (stall, version, failure)
+  bool placed;    // kPfs: a kPlace was sent for it
+  bool stream;    // opened by fopen: reads are not seen, the offset is counted at fclose
+  bool switched;  // kPfs: already counted as reading from a finished copy
+  bool direct;    // kLocal: O_DIRECT set since open: reads are made on the PFS file
+  std::atomic_flag lock;  // kPfs: emulated read() and lseek of one descriptor, between threads
   uint32_t file;
+  uint32_t ofd;  // the open file (kernel's open file description): shared by duplicates
   JobMap* map;
-  int aux;  // the copy being written, open for partial reads, or -1
+  uint64_t dev, ino;  // kLocal: the copy's identity, checked before the table is believed
+  Whole* whole;       // kPfs: the bytes read whole at open, or null
 };
 
 constexpr int kChunkBits = 10, kChunks = 1024;  // descriptors below 2^20 are tracked
+constexpr int kTableLimit = kChunks << kChunkBits;
 extern std::atomic<FdEntry*> g_chunks[kChunks];
 
 inline FdEntry* tracked(int fd) {
-  if (unsigned(fd) >= unsigned(kChunks << kChunkBits)) return nullptr;
+  if (unsigned(fd) >= unsigned(kTableLimit)) return nullptr;
   FdEntry* c = g_chunks[fd >> kChunkBits].load(std::memory_order_acquire);
   if (!c) return nullptr;
   FdEntry* e = &c[fd & ((1 << kChunkBits) - 1)];
   return e->kind.load(std::memory_order_acquire) ? e : nullptr;
 }
+
+// A read the kernel answers right on its own: a local copy whose bytes nobody
+// changed (names may have: the copy still holds what this descriptor's file holds).
+inline bool native_read(const FdEntry* e) {
+  if (e->kind.load(std::memory_order_relaxed) != kLocal || e->direct) return false;
+  uint32_t w = e->map->entry(e->file).state.load(std::memory_order_relaxed);
+  return state_of(w) != kStale || (aux_of(w) & kNamesOnly);
+}
+
+// The entry for `fd`, made if needed (null above the table's limit).
+FdEntry* slot_for(int fd);
+// Starts tracking `fd` (replacing whatever the entry said).
+FdEntry* track(int fd, JobMap* m, uint32_t file, Kind kind);
+// Tracks `fd` as a descriptor of a local copy if the kernel names it one of
+// the job's copies (opened through /proc/self/fd/N, inherited through exec...).
+FdEntry* track_copy(int fd, bool shared);
+// Forgets `fd`'s entry, if any.
+void untrack(int fd);
+void untrack(FdEntry* e);
+// `to` becomes a duplicate of `from` (dup, dup2, fcntl): both are marked shared.
+void duplicate(FdEntry* from, int to);
+// Calls f(fd, entry) for every tracked descriptor.
+template <typename F>
+void for_each_tracked(F f) {
+  for (int c = 0; c < kChunks; ++c) {
+    FdEntry* chunk = g_chunks[c].load(std::memory_order_acquire);
+    if (!chunk) continue;
+    for (int i = 0; i < (1 << kChunkBits); ++i)
+      if (chunk[i].kind.load(std::memory_order_relaxed)) f((c << kChunkBits) + i, &chunk[i]);
+  }
+}
+
+// Is the table's claim about `fd` still true? For kLocal: the descriptor is
+// still the copy it opened. For kPfs: it is still the dataset file, in the
+// version the index holds (checked on the kernel's cached attributes, which
+// costs the PFS nothing). A false claim is forgotten here.
+bool identity(int fd, FdEntry* e);
+
+struct EntryLock {
+  FdEntry* e;
+  explicit EntryLock(FdEntry* entry);
+  ~EntryLock() { e->lock.clear(std::memory_order_release); }
+};
 
 // Counters: one slot per thread in the job map, so that a thread adds to its
 // own counters with plain stores (no locked instruction on the read path) and
@@ -70,5 +145,9 @@ inline void count_local(FdEntry* e, ssize_t r) {
   add(e->map, c_tier_reads + e->tier, 1);
   add(e->map, c_tier_bytes + e->tier, uint64_t(r));
 }
+
+// How a read was answered, for the counters.
+enum class Source { kLocal, kWhole, kPfs };
+void count_read(FdEntry* e, Source source, ssize_t r, uint64_t ns = 0);
 
 }  // namespace monarch

@@ -1,85 +1,74 @@
-// Expands wrappers.def into the exported wrappers and the pointers to the
-// real functions. Nothing else belongs here.
-#include <dlfcn.h>
+// Expands wrappers.def into the exported wrappers. Nothing else belongs here:
+// the logic is in the handlers (handlers.h).
 #include <errno.h>
+#include <grp.h>
+#include <sched.h>
+#include <spawn.h>
 #include <stdarg.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <sys/time.h>
+#include <utime.h>
+
+#include <cxxabi.h>
 
 #include <type_traits>
 
 #include "fdtable.h"
-#include "interpose.h"
-
-namespace monarch::real {
-#define MONARCH_OPEN(name, params, args, dirfd) int (*name)(MONARCH_UNPAREN params, ...) = nullptr;
-#define MONARCH_WRAP(ret, name, params, args, handler) ret(*name) params = nullptr;
-#define MONARCH_READ MONARCH_WRAP
-#include "wrappers.def"
-#undef MONARCH_OPEN
-#undef MONARCH_WRAP
-#undef MONARCH_READ
-
-namespace {
-// glibc >= 2.33 keeps the __xstat family only as compat symbols, which an
-// unversioned dlsym does not return.
-void* find(const char* name) {
-  void* p = dlsym(RTLD_NEXT, name);
-  if (!p) p = dlvsym(RTLD_NEXT, name, "GLIBC_2.2.5");
-  return p;
-}
-}  // namespace
-
-void resolve() {
-#define MONARCH_OPEN(name, params, args, dirfd) \
-  name = reinterpret_cast<decltype(name)>(find(#name));
-#define MONARCH_WRAP(ret, name, params, args, handler) \
-  name = reinterpret_cast<decltype(name)>(find(#name));
-#define MONARCH_READ MONARCH_WRAP
-#include "wrappers.def"
-#undef MONARCH_OPEN
-#undef MONARCH_WRAP
-#undef MONARCH_READ
-}
-}  // namespace monarch::real
+#include "handlers.h"
 
 #define MONARCH_EXPORT __attribute__((visibility("default")))
 
 using monarch::Pass;
+using monarch::PassFd;
 
 namespace {
-// The wrapper's body: resolve, skip Monarch when re-entered, never let an
-// exception out. A function with no real counterpart fails with ENOSYS.
+// The wrapper's body: skip Monarch when re-entered, never let an exception out.
+// A function with no real counterpart fails with ENOSYS.
 template <typename R, typename Fn, typename Handler>
 R serve(bool have_real, Fn& fn, Handler handler) {
   if (!have_real) {
     errno = ENOSYS;
-    if constexpr (std::is_pointer_v<R>)
+    if constexpr (std::is_void_v<R>)
+      return;
+    else if constexpr (std::is_pointer_v<R>)
       return nullptr;
     else
       return R(-1);
   }
-  if (!monarch::enter()) return fn();
+  if (!monarch::enter(reinterpret_cast<uintptr_t>(__builtin_frame_address(0)))) return fn();
   struct Leave {
     ~Leave() { monarch::leave(); }
   } leave;
   try {
     return handler();
+  } catch (abi::__forced_unwind&) {
+    throw;  // pthread_cancel and pthread_exit unwind through here: let them
   } catch (...) {
     return fn();
   }
 }
 }  // namespace
 
+// glibc's own test (__OPEN_NEEDS_MODE): O_TMPFILE contains O_DIRECTORY's bit.
+#define MONARCH_NEEDS_MODE(flags) (((flags)&O_CREAT) || ((flags)&O_TMPFILE) == O_TMPFILE)
+// An open that may change a file: whatever its path, it goes to the handler,
+// which finds a dataset file by its identity (another name, a link).
+#define MONARCH_WRITES(flags) (((flags)&O_ACCMODE) != O_RDONLY || ((flags)&O_TRUNC))
+
 #define MONARCH_OPEN(name, params, args, dirfd)                                          \
   extern "C" MONARCH_EXPORT int name(MONARCH_UNPAREN params, ...) {                      \
     mode_t mode = 0;                                                                     \
-    if (flags & (O_CREAT | O_TMPFILE)) {                                                 \
+    if (MONARCH_NEEDS_MODE(flags)) {                                                     \
       va_list ap;                                                                        \
       va_start(ap, flags);                                                               \
       mode = va_arg(ap, mode_t);                                                         \
       va_end(ap);                                                                        \
     }                                                                                    \
     if (!monarch::real::name) monarch::real::resolve();                                  \
-    if (monarch::real::name && monarch::outside(dirfd, path))                            \
+    if (monarch::real::name && !MONARCH_WRITES(flags) && monarch::outside(dirfd, path))  \
       return monarch::real::name(MONARCH_UNPAREN args, mode);                            \
     auto fn = [&]() -> int { return monarch::real::name(MONARCH_UNPAREN args, mode); };  \
     Pass<int> pass(fn);                                                                  \
@@ -90,27 +79,47 @@ R serve(bool have_real, Fn& fn, Handler handler) {
   extern "C" MONARCH_EXPORT ret name params {                                                \
     if (!monarch::real::name) monarch::real::resolve();                                      \
     auto fn = [&]() -> ret { return monarch::real::name args; };                             \
+    auto with_fd = [&](int fd) -> ret { return monarch::real::name args; };                  \
+    Pass<ret> pass(fn);                                                                      \
+    PassFd<ret> on_fd(with_fd);                                                              \
+    (void)on_fd;                                                                             \
+    using namespace monarch;                                                                 \
+    return serve<ret>(monarch::real::name != nullptr, fn, [&]() -> ret { return handler; }); \
+  }
+#define MONARCH_VARIADIC(ret, name, params, args, handler)                                   \
+  extern "C" MONARCH_EXPORT ret name(MONARCH_UNPAREN params, ...) {                          \
+    va_list ap;                                                                              \
+    va_start(ap, cmd);                                                                       \
+    void* arg = va_arg(ap, void*);                                                           \
+    va_end(ap);                                                                              \
+    if (!monarch::real::name) monarch::real::resolve();                                      \
+    auto fn = [&]() -> ret { return monarch::real::name args; };                             \
     Pass<ret> pass(fn);                                                                      \
     using namespace monarch;                                                                 \
     return serve<ret>(monarch::real::name != nullptr, fn, [&]() -> ret { return handler; }); \
   }
-#define MONARCH_READ(ret, name, params, args, handler)                       \
-  extern "C" MONARCH_EXPORT ret name params {                                \
-    if (__builtin_expect(!monarch::real::name, 0)) monarch::real::resolve(); \
-    monarch::FdEntry* e = monarch::tracked(fd);                              \
-    if (!e || !monarch::real::name) return monarch::real::name args;         \
-    if (e->kind.load(std::memory_order_relaxed) == monarch::kLocal &&        \
-        (monarch::t_slot.sample++ & 63) != 0) {                              \
-      ret r = monarch::real::name args;                                      \
-      monarch::count_local(e, r);                                            \
-      return r;                                                              \
-    }                                                                        \
-    auto fn = [&]() -> ret { return monarch::real::name args; };             \
-    Pass<ret> pass(fn);                                                      \
-    using namespace monarch;                                                 \
-    return serve<ret>(true, fn, [&]() -> ret { return handler; });           \
+// The inline read path: descriptors Monarch did not open, and local copies
+// of files nobody changed (63 of 64 reads; the 64th is timed by the handler).
+#define MONARCH_READ(ret, name, params, args, handler)                     \
+  extern "C" MONARCH_EXPORT ret name params {                              \
+    if (__builtin_expect(!monarch::real::name, 0)) {                       \
+      monarch::real::resolve();                                            \
+      if (!monarch::real::name) return errno = ENOSYS, -1;                 \
+    }                                                                      \
+    monarch::FdEntry* e = monarch::tracked(fd);                            \
+    if (!e) return monarch::real::name args;                               \
+    if (monarch::native_read(e) && (monarch::t_slot.sample++ & 63) != 0) { \
+      ret r = monarch::real::name args;                                    \
+      monarch::count_local(e, r);                                          \
+      return r;                                                            \
+    }                                                                      \
+    auto fn = [&]() -> ret { return monarch::real::name args; };           \
+    Pass<ret> pass(fn);                                                    \
+    using namespace monarch;                                               \
+    return serve<ret>(true, fn, [&]() -> ret { return handler; });         \
   }
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
+#undef MONARCH_VARIADIC
 #undef MONARCH_READ

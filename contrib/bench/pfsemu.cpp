@@ -24,6 +24,9 @@
 //    is (1) written to --counts FILE (tmp + rename) at start, on SIGUSR1 and after unmount, and
 //    (2) the content of MOUNT/.pfsemu-counts, a virtual file that is not listed, not counted
 //    and recomputed by every read at offset 0.
+//  * --stall-comm PREFIX: a fault, for tests: READ requests of a thread whose
+//    name (/proc/TID/comm) starts with PREFIX never complete, as if the PFS hung
+//    on them (until the session ends). "monarch-" stalls every read of a stager.
 //  * SIGTERM/SIGINT/SIGHUP unmount, then write the final counts. Without --foreground the
 //    process daemonizes once mounted; the kernel holds requests until the FUSE handshake is
 //    done, so the mount point is usable as soon as the command returns.
@@ -62,12 +65,15 @@
 namespace {
 
 constexpr char kCountsName[] = ".pfsemu-counts";
-constexpr double kAttrTimeout = 1.0;
+// How long the kernel caches names and attributes (--attr-timeout-ms): 0 makes
+// every open look its name up again, as a client sees another client's rename.
+double AttrTimeout();
 constexpr unsigned kReadaheadKb = 1024;
 
 struct Options {
-  std::string source, mount, counts;
+  std::string source, mount, counts, stall_comm;
   uint64_t latency_us = 1000, open_latency_us = 1000, bandwidth_mbs = 500, threads = 64;
+  uint64_t attr_timeout_ms = 1000;  // how long the kernel may trust names and attributes
   bool direct_io = true, foreground = false;
 };
 
@@ -102,6 +108,23 @@ std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> g_inodes;
 std::atomic<int64_t> g_link_free_ns{0};  // end of the last reserved slot on the shared link
 std::mutex g_counts_file_mu;
 std::atomic<bool> g_stop{false};
+fuse_session* g_session = nullptr;
+
+double AttrTimeout() {
+  return double(g_opt.attr_timeout_ms) / 1000;
+}
+
+// The name of the thread that made the request (FUSE gives its thread id).
+std::string CommOf(pid_t tid) {
+  char path[64], name[32] = "";
+  snprintf(path, sizeof path, "/proc/%d/comm", int(tid));
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  ssize_t n = read(fd, name, sizeof name - 1);
+  close(fd);
+  if (n > 0 && name[n - 1] == '\n') --n;
+  return std::string(name, n > 0 ? size_t(n) : 0);
+}
 std::atomic<bool> g_init_seen{false}, g_init_patched{false};
 std::atomic<uint64_t> g_init_unique{0};  // unique id of the kernel's INIT request
 std::atomic<uint32_t> g_init_flags2{0};  // extended capabilities the kernel offered
@@ -229,7 +252,7 @@ void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     }
     if (fd >= 0) close(fd);
     e.ino = reinterpret_cast<fuse_ino_t>(node);
-    e.attr_timeout = e.entry_timeout = kAttrTimeout;
+    e.attr_timeout = e.entry_timeout = AttrTimeout();
     fuse_reply_entry(req, &e);
   });
 }
@@ -267,7 +290,7 @@ void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     fuse_reply_err(req, errno);
     return;
   }
-  fuse_reply_attr(req, &st, kAttrTimeout);
+  fuse_reply_attr(req, &st, AttrTimeout());
 }
 
 void OnReadlink(fuse_req_t req, fuse_ino_t ino) {
@@ -314,6 +337,10 @@ void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
         part = h->snapshot.substr(std::min(static_cast<size_t>(off), h->snapshot.size()), size);
       }
       return (void)fuse_reply_buf(req, part.data(), part.size());
+    }
+    if (!g_opt.stall_comm.empty() && CommOf(fuse_req_ctx(req)->pid).starts_with(g_opt.stall_comm)) {
+      while (!g_stop && !(g_session && fuse_session_exited(g_session))) usleep(50000);
+      return (void)fuse_reply_err(req, EIO);
     }
     const int64_t start = NowNs();
     g_counts.reads++;
@@ -489,7 +516,8 @@ void SignalThread() {
   fprintf(rc == 0 ? stdout : stderr,
           "usage: monarch-pfsemu --source DIR --mount DIR [--latency-us N (1000)]\n"
           "         [--open-latency-us N (1000)] [--bandwidth-mbs N (500, 0 = unlimited)]\n"
-          "         [--threads N (64)] [--direct-io | --cached] [--counts FILE] [--foreground]\n");
+          "         [--threads N (64)] [--direct-io | --cached] [--counts FILE] [--foreground]\n"
+          "         [--stall-comm THREAD-NAME-PREFIX] [--attr-timeout-ms N (1000)]\n");
   exit(rc);
 }
 
@@ -521,13 +549,16 @@ std::string RealDir(const std::string& opt, const std::string& path, const std::
 }
 
 void ParseArgs(int argc, char** argv) {
-  const std::map<std::string, std::string*> paths{
-      {"--source", &g_opt.source}, {"--mount", &g_opt.mount}, {"--counts", &g_opt.counts}};
+  const std::map<std::string, std::string*> paths{{"--source", &g_opt.source},
+                                                  {"--mount", &g_opt.mount},
+                                                  {"--counts", &g_opt.counts},
+                                                  {"--stall-comm", &g_opt.stall_comm}};
   const std::map<std::string, std::pair<uint64_t*, uint64_t>> numbers{
       // option -> (value, min)
       {"--latency-us", {&g_opt.latency_us, 0}},
       {"--open-latency-us", {&g_opt.open_latency_us, 0}},
       {"--bandwidth-mbs", {&g_opt.bandwidth_mbs, 0}},
+      {"--attr-timeout-ms", {&g_opt.attr_timeout_ms, 0}},
       {"--threads", {&g_opt.threads, 1}}};
   bool saw_direct = false, saw_cached = false;
   for (int i = 1; i < argc; i++) {
@@ -607,6 +638,7 @@ int main(int argc, char** argv) {
   fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, nullptr);
   fuse_opt_free_args(&args);
   if (se == nullptr) return 1;
+  g_session = se;
   if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, g_opt.mount.c_str()) != 0) {
     fprintf(stderr, "monarch-pfsemu: cannot mount %s\n", g_opt.mount.c_str());
     return 1;

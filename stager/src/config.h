@@ -34,6 +34,10 @@ struct TierConfig {
   uint64_t block_size = 4 << 20;
 };
 
+// The least window a share of the dataset gives: a few MiB save the PFS
+// nothing measurable, and a small dataset (a demo, a test) is staged whole.
+inline constexpr uint64_t kMinAheadWindow = 4 << 20;
+
 struct Config {
   std::vector<TierConfig> tiers;  // fastest first
   unsigned copy_threads = 4;
@@ -42,6 +46,14 @@ struct Config {
   Consistency consistency = Consistency::kJob;
   uint64_t small_file_max = 1 << 20;
   bool stage_ahead = true;
+  // How far stage-ahead may copy ahead of the files readers have touched:
+  // bytes, or a share of the dataset (window_percent), resolved once indexed.
+  uint64_t stage_ahead_window = 0;
+  double stage_ahead_window_percent = 5;
+  bool copy_fast_dataset = false;  // copy a dataset that reads as fast as a tier
+  // A reader waits at most this long for a copy without progress.
+  unsigned stall_timeout_ms = 200;
+  unsigned index_rate = 0;  // metadata calls per second the index walk may make, 0: unpaced
   unsigned start_timeout_s = 30;
   unsigned stop_timeout_s = 10;
   JobSpace job_space = JobSpace::kImage;
@@ -71,6 +83,11 @@ std::string job_dir(const TierConfig& tier, const std::string& job);
 
 // A job key is what names the job's directories: letters, digits, '.', '_', '-'.
 bool valid_job_key(std::string_view job);
+
+// The dataset root `given` (relative to the working directory, or absolute)
+// as an absolute, lexically normal path, checked to be a directory the caller
+// can list and outside every tier. Throws ConfigError saying what is wrong.
+std::string check_dataset(const std::string& given, const Config& config);
 
 // Formats a byte count for people: "1.5 GiB".
 std::string human_bytes(double bytes);

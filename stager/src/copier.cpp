@@ -1,6 +1,7 @@
 #include "copier.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
@@ -16,12 +17,18 @@
 namespace monarch {
 namespace {
 
-int64_t mtime_ns(const struct stat& st) {
-  return int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
-}
-
-bool matches(const Entry& e, const struct stat& st) {
-  return uint64_t(st.st_size) == e.size && mtime_ns(st) == e.mtime_ns;
+// A path the index can hold: relative, no empty, "." or ".." component. (The
+// map is the user's file: a damaged one must not make the stager write elsewhere.)
+bool clean_rel(std::string_view rel) {
+  if (rel.empty() || rel.front() == '/' || rel.back() == '/') return false;
+  for (size_t at = 0; at <= rel.size();) {
+    size_t end = rel.find('/', at);
+    if (end == std::string_view::npos) end = rel.size();
+    std::string_view c = rel.substr(at, end - at);
+    if (c.empty() || c == "." || c == "..") return false;
+    at = end + 1;
+  }
+  return true;
 }
 
 bool no_space(int err) {
@@ -43,6 +50,7 @@ Copier::~Copier() {
 
 void Copier::start() {
   start_ns_ = monotonic_ns();
+  map_.header().copied_ns.store(start_ns_);
   // Smallest files first: when the dataset does not fit, the tiers then hold
   // the most files, which saves the most PFS operations in later epochs.
   backlog_.resize(map_.size());
@@ -50,16 +58,30 @@ void Copier::start() {
   std::stable_sort(backlog_.begin(), backlog_.end(), [this](uint32_t a, uint32_t b) {
     return map_.entry(a).size < map_.entry(b).size;
   });
-  for (unsigned i = 0; i < opt_.threads; ++i) threads_.emplace_back([this] { worker(); });
+  for (unsigned i = 0; i < opt_.threads; ++i)
+    threads_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "monarch-copy");  // for ps, gdb, and fault tests
+      worker();
+    });
 }
 
-void Copier::stop() {
+bool Copier::stop(uint64_t bound_ns) {
   {
-    std::lock_guard lock(mu_);
-    if (stopping_ && threads_.empty()) return;
+    std::unique_lock lock(mu_);
+    if (stopping_ && threads_.empty()) return true;
     stopping_ = true;
+    cv_.notify_all();
+    // A copy thread inside a PFS call that never returns (a hung PFS keeps a
+    // process in uninterruptible sleep) cannot be joined: after the bound it
+    // is left behind, and the caller must not wait for it either.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(bound_ns);
+    if (!exited_cv_.wait_until(lock, deadline, [this] { return exited_ == threads_.size(); })) {
+      spdlog::warn("{} copy threads are stuck in the PFS; leaving them", threads_.size() - exited_);
+      for (auto& t : threads_) t.detach();
+      threads_.clear();
+      return false;
+    }
   }
-  cv_.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
   std::deque<Job> paused, urgent;
@@ -70,9 +92,11 @@ void Copier::stop() {
   }
   for (Job& j : paused) abandon(j, kNone);
   for (Job& j : urgent) {
-    if (j.memfd >= 0) close(j.memfd);
-    map_.entry(j.file).state.store(make_state(kNone));
+    if (j.memfd >= 0) close(j.memfd), held_--;
+    uint32_t w = map_.entry(j.file).state.load();
+    if (state_of(w) == kQueued || state_of(w) == kClaimed) set_state(j.file, w, make_state(kNone));
   }
+  return true;
 }
 
 bool Copier::set_state(uint32_t file, uint32_t expect, uint32_t want) {
@@ -80,9 +104,9 @@ bool Copier::set_state(uint32_t file, uint32_t expect, uint32_t want) {
 }
 
 void Copier::place(uint32_t file) {
-  if (file >= map_.size()) return count(s_ignored);
+  if (file >= map_.size() || map_.header().copies_off.load()) return count(s_ignored);
   uint32_t s = map_.entry(file).state.load();
-  if (state_of(s) == kNone && set_state(file, s, make_state(kQueued))) {
+  if (state_of(s) == kNone && set_state(file, s, make_state(kQueued, 0, coarse_now()))) {
     std::lock_guard lock(mu_);
     urgent_.push_back(Job{.file = file, .urgent = true});
     cv_.notify_one();
@@ -90,7 +114,7 @@ void Copier::place(uint32_t file) {
   }
   if (state_of(s) == kQueued || state_of(s) == kCopying) {
     std::lock_guard lock(mu_);
-    if (state_of(s) == kCopying) boost_[aux_of(s)] = true;
+    if (State st = map_.decode(s); st.state == kCopying) boost_[st.aux] = true;
     for (auto it = paused_.begin(); it != paused_.end(); ++it)
       if (it->file == file) {  // resume it first
         Job j = *it;
@@ -105,29 +129,65 @@ void Copier::place(uint32_t file) {
   count(s_ignored);
 }
 
-void Copier::data(uint32_t file, int memfd) {
-  if (file >= map_.size() || state_of(map_.entry(file).state.load()) != kClaimed) {
+bool Copier::data(uint32_t file, int memfd, int pfs_fd) {
+  // The bytes are taken only from a reader that proves where they come from:
+  // it read them from `pfs_fd`, which must be the very version the index holds.
+  struct stat pst, mst;
+  bool ok = file < map_.size() && !map_.header().copies_off.load() &&
+            state_of(map_.entry(file).state.load()) == kClaimed && fstat(pfs_fd, &pst) == 0 &&
+            S_ISREG(pst.st_mode) && map_.same_version(file, pst) && fstat(memfd, &mst) == 0 &&
+            S_ISREG(mst.st_mode) && uint64_t(mst.st_size) == map_.entry(file).size;
+  close(pfs_fd);
+  if (!ok) {
     close(memfd);
-    return count(s_ignored);
+    count(s_ignored);
+    return false;
   }
   std::lock_guard lock(mu_);
+  // Bytes wait in memory until a copy thread writes them: bounded, so that
+  // stuck copy threads cannot make the stager hold the whole dataset.
+  if (held_ >= kMaxHeld) {
+    close(memfd);
+    count(s_ignored);
+    return false;
+  }
+  held_++;
   urgent_.push_back(Job{.file = file, .urgent = true, .memfd = memfd});
   cv_.notify_one();
+  return true;
 }
 
 void Copier::stale(uint32_t file) {
   if (file >= map_.size()) return count(s_ignored);
-  Entry& e = map_.entry(file);
-  uint32_t s = e.state.load();
-  if (state_of(s) == kCached && set_state(file, s, make_state(kStale))) {
-    std::string name = "data/" + std::string(map_.path(file));
-    unlinkat(opt_.tier_fds[tier_of(s)], name.c_str(), 0);
-    placement_.release(tier_of(s), e.size);
-    count(s_stale);
-  } else if (state_of(s) == kNone || state_of(s) == kNoRoom) {
-    if (set_state(file, s, make_state(kStale))) count(s_stale);
+  for (;;) {
+    uint32_t w = map_.entry(file).state.load();
+    State s = map_.decode(w);
+    if (s.state == kStale) {
+      drop_stale_copy(file);
+      return;
+    }
+    if (s.state == kCached) {  // mark it first: no reader opens the copy once it is marked
+      if (set_state(file, w, make_state(kStale, s.tier, kCopyToDelete))) continue;
+    } else if (s.state == kNone || s.state == kNoRoom || s.state == kFailed) {
+      if (set_state(file, w, make_state(kStale))) return count(s_stale);
+    } else {
+      // kQueued, kCopying, kClaimed: the copy is checked against the PFS
+      // before it is published, and a reader's kStale mark makes it abandoned.
+      return;
+    }
   }
-  // kQueued, kCopying, kClaimed: the copy is checked against the PFS before it is published.
+}
+
+void Copier::drop_stale_copy(uint32_t file) {
+  uint32_t w = map_.entry(file).state.load();
+  State s = map_.decode(w);
+  if (s.state != kStale || !(s.aux & kCopyToDelete) || s.tier >= opt_.tier_fds.size() ||
+      !set_state(file, w, make_state(kStale, 0, s.aux & kNamesOnly)))
+    return;
+  std::string name = "data/" + std::string(map_.path(file));
+  unlinkat(opt_.tier_fds[s.tier], name.c_str(), 0);
+  placement_.release(s.tier, map_.entry(file).size);
+  count(s_stale);
 }
 
 void Copier::rescan() {
@@ -136,15 +196,38 @@ void Copier::rescan() {
   cv_.notify_one();
 }
 
-void Copier::reap_claims() {
+void Copier::reap() {
   bool freed = false;
+  uint32_t now = coarse_now();
+  uint64_t claim_limit = std::max<uint64_t>(kClaimLifeNs, 20 * map_.stall_ns());
   for (uint64_t i = 0; i < map_.size(); ++i) {
-    uint32_t s = map_.entry(i).state.load(std::memory_order_relaxed);
-    if (state_of(s) != kClaimed) continue;
-    if (kill(pid_t(aux_of(s)), 0) == 0 || errno != ESRCH) continue;
-    freed |= set_state(uint32_t(i), s, make_state(kNone));
+    uint32_t w = map_.entry(i).state.load(std::memory_order_relaxed);
+    State s = map_.decode(w);
+    if (s.state == kStale && (s.aux & kCopyToDelete)) drop_stale_copy(uint32_t(i));
+    // A claim whose bytes never came (the reader died, hangs, or its
+    // datagram was lost): the file is free to copy again.
+    if (s.state == kClaimed && coarse_age_ns(s.aux, now) > claim_limit)
+      freed |= set_state(uint32_t(i), w, make_state(kNone));
   }
   if (freed) rescan();
+}
+
+void Copier::judge_the_pfs() {
+  if (!opt_.fast_fs_check || counters_[s_copies_off].load()) return;
+  uint64_t opens = counters_[s_pfs_opens].load(), open_ns = counters_[s_pfs_open_ns].load();
+  uint64_t bytes = counters_[s_pfs_bytes].load(), read_ns = counters_[s_pfs_read_ns].load();
+  if (opens < kJudgeOpens || bytes < kJudgeBytes || !read_ns) return;
+  double open_us = double(open_ns) / double(opens) / 1e3;
+  double gbs = double(bytes) / double(read_ns);  // per copy thread, GB/s
+  if (open_us > kFastOpenUs || gbs < kFastGBs) return;
+  spdlog::info(
+      "the dataset's file system is as fast as a local tier (open {:.0f} us, reads {:.1f} "
+      "GB/s per thread): no more copies, the job reads it directly",
+      open_us, gbs);
+  counters_[s_copies_off] = 1;
+  map_.header().copies_off.store(1, std::memory_order_release);
+  std::lock_guard lock(mu_);
+  cv_.notify_all();
 }
 
 bool Copier::idle() const {
@@ -165,6 +248,9 @@ void Copier::worker() {
     std::lock_guard lock(mu_);
     running_--;
   }
+  std::lock_guard lock(mu_);
+  exited_++;
+  exited_cv_.notify_all();
 }
 
 bool Copier::next_job(Job& job) {
@@ -175,15 +261,23 @@ bool Copier::next_job(Job& job) {
     if (q) {
       job = q->front();
       q->pop_front();
+      if (q == &urgent_ && job.memfd >= 0) held_--;
       running_++;
       return true;
     }
-    if (opt_.stage_ahead) {
+    bool waiting_for_readers = false;
+    if (opt_.stage_ahead && !map_.header().copies_off.load(std::memory_order_relaxed)) {
       while (backlog_next_ < map_.size()) {
+        if (window_full()) {  // far enough ahead: until readers open some of it
+          waiting_for_readers = true;
+          break;
+        }
         uint32_t f = backlog_[backlog_next_++];
         uint32_t s = map_.entry(f).state.load();
-        if (state_of(s) == kNone && set_state(f, s, make_state(kQueued))) {
-          job = Job{.file = f};
+        if (state_of(s) == kNone && set_state(f, s, make_state(kQueued, 0, coarse_now()))) {
+          // A file a reader read from the PFS is not ahead: the job reads it.
+          job = Job{.file = f, .ahead = !(aux_of(s) & kTouched)};
+          if (job.ahead) ahead_bytes_ += map_.entry(f).size;
           running_++;
           return true;
         }
@@ -195,8 +289,16 @@ bool Copier::next_job(Job& job) {
       }
     }
     rescan_ = false;
-    cv_.wait(lock);
+    if (waiting_for_readers)
+      cv_.wait_for(lock, std::chrono::milliseconds(50));  // readers do not call: look again
+    else
+      cv_.wait(lock);
   }
+}
+
+bool Copier::window_full() const {
+  uint64_t touched = map_.header().ahead_touched.load(std::memory_order_relaxed);
+  return ahead_bytes_ > touched && ahead_bytes_ - touched >= opt_.ahead_window;
 }
 
 std::string Copier::tmp_name(uint32_t file) const {
@@ -219,9 +321,9 @@ void Copier::run(Job& job) {
 
 bool Copier::begin(Job& job) {
   Entry& e = map_.entry(job.file);
-  uint32_t expect = e.state.load();
-  FileState from = job.memfd >= 0 ? kClaimed : kQueued;
-  if (state_of(expect) != from) {  // released, or marked stale meanwhile
+  uint32_t from = e.state.load();
+  FileState expect = job.memfd >= 0 ? kClaimed : kQueued;
+  if (state_of(from) != expect) {  // released, or marked stale meanwhile
     if (job.memfd >= 0) close(job.memfd), job.memfd = -1;
     count(s_ignored);
     return false;
@@ -229,7 +331,8 @@ bool Copier::begin(Job& job) {
   job.tier = placement_.reserve(e.size);
   if (job.tier < 0) {
     count(s_noroom);
-    abandon(job, kNoRoom);
+    set_state(job.file, from, make_state(kNoRoom));
+    close_files(job, false);
     return false;
   }
   {
@@ -239,15 +342,24 @@ bool Copier::begin(Job& job) {
   }
   CopySlot& slot = map_.header().copies[job.slot];
   slot.progress.store(0);
+  slot.progress_ns.store(monotonic_ns());
   slot.file.store(job.file + 1);
   boost_[job.slot] = job.urgent;
   job.done = 0;
   job.started_ns = monotonic_ns();
 
-  std::string rel(map_.path(job.file));
+  job.rel = std::string(map_.path(job.file));  // one read: published under the name opened
+  const std::string& rel = job.rel;
+  if (!clean_rel(rel)) {
+    count(s_copy_errors);
+    abandon(job, kFailed);
+    return false;
+  }
   if (job.memfd < 0) {
+    uint64_t t0 = monotonic_ns();
     job.src = openat(opt_.root_fd, rel.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     count(s_pfs_opens);
+    count(s_pfs_open_ns, monotonic_ns() - t0);
     struct stat st;
     if (job.src < 0 || fstat(job.src, &st) != 0) {
       spdlog::info("cannot read {}: {}; it will be read from the PFS", rel, std::strerror(errno));
@@ -255,7 +367,9 @@ bool Copier::begin(Job& job) {
       abandon(job, kFailed);
       return false;
     }
-    if (!matches(e, st)) {
+    // The copy is made only from the version the index holds (device, inode,
+    // size, mtime, ctime): readers move to it only when they opened that version.
+    if (!map_.same_version(job.file, st)) {
       count(s_stale);
       abandon(job, kStale);
       return false;
@@ -270,14 +384,18 @@ bool Copier::begin(Job& job) {
     if (no_space(err)) {
       placement_.mark_full(job.tier);
       count(s_tier_full);
-      abandon(job, kQueued);
+      abandon(job, expect);
       return begin(job);
     }
     count(s_copy_errors);
     abandon(job, kFailed);
     return false;
   }
-  e.state.store(make_state(kCopying, job.tier, job.slot));
+  job.copying = make_state(kCopying, job.tier, job.slot);
+  if (!set_state(job.file, from, job.copying)) {  // a writer marked it stale meanwhile
+    abandon(job, kStale);
+    return false;
+  }
   return true;
 }
 
@@ -323,7 +441,7 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
                      std::strerror(err));
         placement_.mark_full(job.tier);
         count(s_tier_full);
-        abandon(job, kQueued);
+        abandon(job, job.memfd >= 0 ? kClaimed : kQueued);
         return Outcome::kRetryNextTier;
       }
       spdlog::warn("copy of {} failed: {}; it will be read from the PFS", map_.path(job.file),
@@ -335,6 +453,9 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
     if (n == 0) break;  // end of file; finish() checks the size
     job.done += n;
     slot.progress.store(job.done, std::memory_order_release);
+    uint64_t now = monotonic_ns();
+    slot.progress_ns.store(now, std::memory_order_release);
+    map_.header().copied_ns.store(now, std::memory_order_relaxed);
     // At the indexed size: no read to find the end of the file (a PFS round
     // trip per file); finish() checks the PFS file still has that size.
     if (job.done >= e.size) break;
@@ -353,7 +474,8 @@ void Copier::finish(Job& job) {
   if (job.slot < 0) return;  // abandoned in copy_blocks
   Entry& e = map_.entry(job.file);
   struct stat st;
-  if (job.done != e.size || (job.memfd < 0 && (fstat(job.src, &st) != 0 || !matches(e, st)))) {
+  if (job.done != e.size ||
+      (job.memfd < 0 && (fstat(job.src, &st) != 0 || !map_.same_version(job.file, st)))) {
     count(s_stale);
     return abandon(job, kStale);
   }
@@ -363,22 +485,43 @@ void Copier::finish(Job& job) {
   // Start writing the copy back now, while the job still reads the PFS, so that
   // its dirty pages are not flushed during the next epoch's local reads.
   sync_file_range(job.dst, 0, 0, SYNC_FILE_RANGE_WRITE);
-  std::string rel(map_.path(job.file));
+  const std::string& rel = job.rel;
   std::string tmp = tmp_name(job.file), final_name = "data/" + rel;
   int tier_fd = opt_.tier_fds[job.tier];
-  if (close(job.dst) != 0 && no_space(errno)) {
-    job.dst = -1;
-    placement_.mark_full(job.tier);
-    count(s_tier_full);
-    return abandon(job, kNone);
-  }
+  int closed = close(job.dst), err = errno;
   job.dst = -1;
+  if (closed != 0) {  // a copy whose last bytes may not be on disk is never published
+    spdlog::warn("copy of {} failed at close: {}; it will be read from the PFS", rel,
+                 std::strerror(err));
+    if (no_space(err)) {
+      placement_.mark_full(job.tier);
+      count(s_tier_full);
+      return abandon(job, kNone);
+    }
+    count(s_copy_errors);
+    return abandon(job, kFailed);
+  }
   if (!make_parents(job.tier, rel) || renameat(tier_fd, tmp.c_str(), tier_fd, final_name.c_str())) {
     spdlog::warn("cannot publish {} on tier {}: {}", rel, job.tier, std::strerror(errno));
     count(s_copy_errors);
     return abandon(job, kFailed);
   }
   placement_.written(job.tier, e.size);
+  // Made ahead of any reader: readers mark it when they open it (kTouched).
+  bool ahead = job.ahead && job.memfd < 0 && !job.urgent && !boost_[job.slot];
+  if (!ahead && job.ahead) {
+    std::lock_guard lock(mu_);
+    ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, e.size);  // a reader asked meanwhile
+    job.ahead = false;
+  }
+  if (!set_state(job.file, job.copying, make_state(kCached, job.tier, ahead ? kAhead : 0))) {
+    // Marked stale while it was written: the copy goes, the PFS serves.
+    unlinkat(tier_fd, final_name.c_str(), 0);
+    placement_.release(job.tier, e.size);
+    count(s_stale);
+    job.tier = -1;
+    return close_files(job, false);
+  }
   if (job.memfd >= 0) {
     count(s_handoffs);
     count(s_handoff_bytes, e.size);
@@ -387,25 +530,33 @@ void Copier::finish(Job& job) {
     count(s_copy_bytes, e.size);
   }
   count(s_copy_ns, monotonic_ns() - job.started_ns);
-  e.state.store(make_state(kCached, job.tier), std::memory_order_release);
   last_copy_ns_ = monotonic_ns();
+  judge_the_pfs();
   job.tier = -1;
   close_files(job, false);
 }
 
 void Copier::abandon(Job& job, FileState state) {
+  if (job.ahead && state != kQueued) {  // no copy ahead after all
+    std::lock_guard lock(mu_);
+    ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, map_.entry(job.file).size);
+    job.ahead = false;
+  }
   if (job.dst >= 0 || job.slot >= 0) {
     std::string tmp = tmp_name(job.file);
     if (job.tier >= 0) unlinkat(opt_.tier_fds[job.tier], tmp.c_str(), 0);
   }
   if (job.tier >= 0) placement_.release(job.tier, map_.entry(job.file).size);
   job.tier = -1;
-  // A retry on the next tier (kQueued) keeps a reader's bytes; a handed-over
-  // file must then return to kClaimed for begin() to accept it again.
-  bool retry = state == kQueued;
-  FileState back = (retry && job.memfd >= 0) ? kClaimed : state;
-  map_.entry(job.file).state.store(make_state(back));
-  close_files(job, retry);
+  // Only from the state this job put the file in: a reader's kStale mark wins.
+  uint32_t w = map_.entry(job.file).state.load();
+  FileState cur = state_of(w);
+  bool ours = job.copying ? w == job.copying : (cur == kQueued || cur == kClaimed);
+  uint32_t aux = (state == kQueued || state == kClaimed) ? coarse_now() : 0;
+  if (ours) set_state(job.file, w, make_state(state, 0, aux));
+  job.copying = 0;
+  // A retry on the next tier keeps a reader's bytes.
+  close_files(job, state == kQueued || state == kClaimed);
 }
 
 void Copier::close_files(Job& job, bool keep_memfd) {

@@ -5,12 +5,17 @@
 // A copy is written to <tier job dir>/tmp/<generation>-<id> in large
 // sequential blocks, publishing its progress so that readers can use the part
 // already written, then checked against the PFS file (size and mtime as
-// indexed), given the PFS file's mtime, and renamed to <tier job dir>/data/<path>.
-// Only then is the file marked cached: a reader never sees a partial file under
-// its final name.
+// indexed: device, inode, size, mtime, ctime, before and after), given the PFS
+// file's mtime, and renamed to <tier job dir>/data/<path>. Only then is the
+// file marked cached: a reader never sees a partial file under its final name.
+//
+// Every change of a file's state word is a compare-and-swap from the state the
+// copier put it in: a reader that marks a file stale (it opened it for
+// writing) always wins, and the copy is then abandoned or deleted.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -31,6 +36,8 @@ struct CopierOptions {
   std::vector<uint64_t> block_sizes;
   unsigned threads = 4;
   bool stage_ahead = true;
+  uint64_t ahead_window = ~0ull;  // bytes of unread copies stage-ahead may have made
+  bool fast_fs_check = true;      // stop copying when the PFS is as fast as a tier
 };
 
 class Copier {
@@ -40,20 +47,28 @@ class Copier {
 
   void start();
   // Stops the threads; copies under way are abandoned and their temporary
-  // files removed. Idempotent.
-  void stop();
+  // files removed. Idempotent. Returns false when some thread did not stop
+  // within `bound_ns` (stuck in a PFS call): the Copier must then never be
+  // destroyed (the process ends with _exit).
+  bool stop(uint64_t bound_ns = ~0ull);
 
   // A reader asked for `file`: copy it before the backlog.
   void place(uint32_t file);
-  // A reader read `file` whole into `memfd` (ownership passes here).
-  void data(uint32_t file, int memfd);
-  // A reader found the PFS file changed.
+  // A reader read `file` whole into `memfd` from `pfs_fd`, its own descriptor
+  // of the PFS file (ownership of both passes here). Accepted only when
+  // `pfs_fd` is the version the index holds and `memfd` has its size.
+  bool data(uint32_t file, int memfd, int pfs_fd);
+  // A reader found the PFS file changed, or the job opened it for writing.
   void stale(uint32_t file);
-  // A claim was released or its owner died: the backlog should look again.
+  // A claim was released or expired: the backlog should look again.
   void rescan();
 
-  // Returns claims held by processes that no longer exist. Called periodically.
-  void reap_claims();
+  // Periodic: frees claims older than their life (the reader never handed
+  // the bytes over) and deletes the copies of files marked stale.
+  void reap();
+
+  // How long a claim may wait for its bytes before the file is copied anyway.
+  static constexpr uint64_t kClaimLifeNs = 10'000'000'000;
 
   bool idle() const;            // nothing queued or under way, backlog done
   double fill_seconds() const;  // time from start to the last copy, once idle
@@ -62,8 +77,11 @@ class Copier {
   struct Job {
     uint32_t file;
     bool urgent = false;
-    int memfd = -1;  // kData: bytes from a reader
+    bool ahead = false;  // from the stage-ahead backlog, counted in ahead_bytes_
+    int memfd = -1;      // kData: bytes from a reader
     int tier = -1, slot = -1, src = -1, dst = -1;
+    uint32_t copying = 0;  // the state word begin() set, 0 before
+    std::string rel;       // the path begin() read from the map
     uint64_t done = 0;
     uint64_t started_ns = 0;
   };
@@ -77,6 +95,16 @@ class Copier {
   void finish(Job& job);  // verify, publish, mark cached
   void abandon(Job& job, FileState state);
   void close_files(Job& job, bool keep_memfd);
+  void drop_stale_copy(uint32_t file);
+  // After some copies: is the dataset's file system so fast (a local disk,
+  // an all-flash PFS) that reading copies cannot beat reading it? Then no
+  // more copies are made (Header::copies_off), and readers read it directly.
+  void judge_the_pfs();
+  static constexpr uint64_t kJudgeOpens = 32, kJudgeBytes = 32 << 20;
+  // A PFS open costs a metadata server's round trip (hundreds of us and more);
+  // a local file system's, tens of us. The bandwidth floor keeps copying from
+  // a file system that opens fast but reads slowly (NFS with cached attributes).
+  static constexpr double kFastOpenUs = 100, kFastGBs = 0.3;
   std::string tmp_name(uint32_t file) const;
   bool make_parents(int tier, std::string_view rel);
   void count(StagerCounter c, uint64_t n = 1) {
@@ -95,9 +123,15 @@ class Copier {
   std::deque<Job> urgent_, paused_;
   std::vector<uint32_t> backlog_;  // stage-ahead order: file ids by size
   uint64_t backlog_next_ = 0;
+  uint64_t ahead_bytes_ = 0;  // copies made (or under way) ahead of any reader
+  bool window_full() const;   // REQUIRES mu_
   bool rescan_ = false;
   std::atomic<bool> stopping_{false};
   int running_ = 0;
+  int held_ = 0;  // readers' bytes queued, not yet being written
+  size_t exited_ = 0;
+  std::condition_variable exited_cv_;
+  static constexpr int kMaxHeld = 256;
   std::vector<int> free_slots_;
   std::atomic<bool> boost_[kCopySlots];  // a reader waits for the copy in this slot
   uint64_t start_ns_ = 0;

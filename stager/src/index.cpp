@@ -24,9 +24,34 @@ struct Rec {
   struct stat st;
 };
 
+// Paces the walk's metadata calls (stat, opendir) to `rate` per second, over
+// all threads: a token bucket that lends at most 100 ms of calls ahead.
+class Pace {
+ public:
+  explicit Pace(uint64_t rate) : rate_(rate), start_ns_(monotonic_ns()) {}
+  void one() {
+    uint64_t n = calls_.fetch_add(1, std::memory_order_relaxed);
+    if (!rate_) return;
+    uint64_t due = start_ns_ + n * 1'000'000'000 / rate_;
+    uint64_t now = monotonic_ns();
+    if (due > now + 100'000'000) {
+      timespec ts{time_t((due - now) / 1'000'000'000), long((due - now) % 1'000'000'000)};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  uint64_t calls() const { return calls_.load(); }
+
+ private:
+  uint64_t rate_, start_ns_;
+  std::atomic<uint64_t> calls_{0};
+};
+
 struct WalkState {
+  explicit WalkState(uint64_t rate) : pace(rate) {}
   tbb::enumerable_thread_specific<std::vector<Rec>> files;
+  tbb::enumerable_thread_specific<std::vector<Rec>> dirs_found;  // below the root
   std::atomic<uint64_t> dirs{0}, skipped{0}, unreadable{0};
+  Pace pace;
 };
 
 std::string join(const std::string& dir, const char* name) {
@@ -36,6 +61,7 @@ std::string join(const std::string& dir, const char* name) {
 // Lists one directory (relative to root_fd); feeds subdirectories back.
 template <typename Feeder>
 void walk_dir(int root_fd, const std::string& rel, WalkState& w, Feeder& feeder) {
+  w.pace.one();
   int fd = rel.empty()
                ? dup(root_fd)
                : openat(root_fd, rel.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -46,6 +72,8 @@ void walk_dir(int root_fd, const std::string& rel, WalkState& w, Feeder& feeder)
     return;
   }
   w.dirs++;
+  struct stat dst;
+  if (!rel.empty() && fstat(fd, &dst) == 0) w.dirs_found.local().push_back(Rec{rel, dst});
   auto& out = w.files.local();
   while (dirent* e = readdir(d)) {
     const char* name = e->d_name;
@@ -59,6 +87,7 @@ void walk_dir(int root_fd, const std::string& rel, WalkState& w, Feeder& feeder)
       continue;
     }
     struct stat st;
+    w.pace.one();
     if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
       w.skipped++;
       continue;
@@ -110,8 +139,10 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
     throw std::runtime_error("cannot open the dataset " + opt.root + ": " + std::strerror(errno));
   char real[PATH_MAX];
   if (!realpath(opt.root.c_str(), real)) std::strcpy(real, opt.root.c_str());
+  struct stat root_st;
+  if (fstat(root_fd, &root_st) != 0) root_st = {};
 
-  WalkState w;
+  WalkState w(opt.index_rate);
   std::vector<std::string> top{""};
   tbb::parallel_for_each(top.begin(), top.end(), [&](const std::string& rel, auto& feeder) {
     walk_dir(root_fd, rel, w, feeder);
@@ -126,6 +157,12 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   tbb::parallel_sort(files.begin(), files.end(),
                      [](const Rec& a, const Rec& b) { return a.rel < b.rel; });
   if (files.size() >= 0xfffffff0u) throw std::runtime_error("too many files in the dataset");
+  std::vector<Rec> dirs;
+  for (auto& v : w.dirs_found) {
+    dirs.insert(dirs.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
+    std::vector<Rec>().swap(v);
+  }
+  std::sort(dirs.begin(), dirs.end(), [](const Rec& a, const Rec& b) { return a.rel < b.rel; });
 
   // Layout.
   using AttrKey = std::tuple<uint64_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>;
@@ -133,6 +170,7 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   std::vector<Attr> attrs;
   size_t strings = 0;
   for (const Rec& r : files) strings += r.rel.size();
+  for (const Rec& d : dirs) strings += d.rel.size();
   for (const Rec& r : files) {
     AttrKey k{r.st.st_dev,
               r.st.st_mode,
@@ -145,7 +183,9 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
     attrs.push_back(Attr{r.st.st_dev, r.st.st_mode, r.st.st_uid, r.st.st_gid,
                          uint32_t(r.st.st_nlink), uint32_t(r.st.st_blksize), 0});
   }
-  uint64_t buckets = files.size() + files.size() / 2 + 1;
+  uint64_t buckets = files.size() + files.size() / 4 + 1;
+  uint64_t dir_buckets = dirs.size() * 2 + 1;
+  uint64_t ino_buckets = files.size() + files.size() / 4 + 1;
   size_t off = align64(sizeof(Header));
   size_t entries_off = off;
   off = align64(off + files.size() * sizeof(Entry));
@@ -155,6 +195,12 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   off = align64(off + buckets * sizeof(uint32_t));
   size_t attrs_off = off;
   off = align64(off + attrs.size() * sizeof(Attr));
+  size_t dirs_off = off;
+  off = align64(off + dirs.size() * sizeof(DirEntry));
+  size_t dir_buckets_off = off;
+  off = align64(off + dir_buckets * sizeof(uint32_t));
+  size_t ino_buckets_off = off;
+  off = align64(off + ino_buckets * sizeof(uint32_t));
   size_t slots_off = off;
   size_t total = off + kProcSlots * sizeof(ProcSlot);
 
@@ -162,11 +208,13 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   unlink(tmp.c_str());
   int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
-  if (ftruncate(fd, total) != 0) {
-    int e = errno;
+  // Allocated, not sparse: on a full file system a page first touched later
+  // would kill the process that touches it (SIGBUS).
+  if (int e = posix_fallocate(fd, 0, off_t(total)); e != 0) {
     close(fd);
     unlink(tmp.c_str());
-    throw std::runtime_error("cannot size " + tmp + ": " + std::strerror(e));
+    throw std::runtime_error("cannot allocate " + std::to_string(total) + " bytes for " + tmp +
+                             ": " + std::strerror(e));
   }
   void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -183,6 +231,7 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   h->tier_count = uint32_t(opt.tier_dirs.size());
   h->consistency = opt.consistency;
   h->small_file_max = opt.small_file_max;
+  h->stall_ns = opt.stall_ns;
   h->entries_off = entries_off;
   h->strings_off = strings_off;
   h->strings_size = strings;
@@ -190,6 +239,14 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   h->bucket_count = buckets;
   h->attrs_off = attrs_off;
   h->attr_count = attrs.size();
+  h->dirs_off = dirs_off;
+  h->dir_count = dirs.size();
+  h->dir_buckets_off = dir_buckets_off;
+  h->dir_bucket_count = dir_buckets;
+  h->ino_buckets_off = ino_buckets_off;
+  h->ino_bucket_count = ino_buckets;
+  h->root_dev = root_st.st_dev;
+  h->root_ino = root_st.st_ino;
   h->slots_off = slots_off;
   MappedMap result(base, total);  // owns the mapping from here on
   h->next_slot = 1;               // slot 0 is shared by the processes that find no free slot
@@ -201,6 +258,7 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   auto* entries = reinterpret_cast<Entry*>(p + entries_off);
   char* str = p + strings_off;
   auto* bucket = reinterpret_cast<uint32_t*>(p + buckets_off);
+  auto* ino_bucket = reinterpret_cast<uint32_t*>(p + ino_buckets_off);
   std::memcpy(p + attrs_off, attrs.data(), attrs.size() * sizeof(Attr));
   size_t so = 0;
   uint64_t bytes = 0;
@@ -234,8 +292,36 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
         bucket[b] = uint32_t(i + 1);
         break;
       }
+    for (uint64_t b = JobMap::bucket_of(JobMap::hash(st.st_dev, st.st_ino), ino_buckets);;
+         b = b + 1 == ino_buckets ? 0 : b + 1)
+      if (ino_bucket[b] == 0) {
+        ino_bucket[b] = uint32_t(i + 1);
+        break;
+      }
+  }
+  auto* dir_entries = reinterpret_cast<DirEntry*>(p + dirs_off);
+  auto* dir_bucket = reinterpret_cast<uint32_t*>(p + dir_buckets_off);
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    DirEntry* d = new (&dir_entries[i]) DirEntry();
+    const std::string& rel = dirs[i].rel;
+    d->path_off = uint32_t(so);
+    d->path_len = uint16_t(rel.size());
+    d->dev = dirs[i].st.st_dev;
+    d->ino = dirs[i].st.st_ino;
+    std::memcpy(str + so, rel.data(), rel.size());
+    so += rel.size();
+    for (uint64_t b = JobMap::bucket_of(JobMap::hash(rel), dir_buckets);;
+         b = b + 1 == dir_buckets ? 0 : b + 1)
+      if (dir_bucket[b] == 0) {
+        dir_bucket[b] = uint32_t(i + 1);
+        break;
+      }
   }
   h->dataset_bytes = bytes;
+  result.reload();  // the view checks what was written
+  if (!result.map().valid())
+    throw std::runtime_error("the index of " + opt.root +
+                             " is inconsistent: " + std::string(result.map().why()));
   before_publish(result.map());
   if (rename(tmp.c_str(), opt.out_path.c_str()) != 0)
     throw std::runtime_error("cannot publish " + opt.out_path + ": " + std::strerror(errno));
@@ -246,6 +332,7 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   stats.skipped = w.skipped;
   stats.unreadable = w.unreadable;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.metadata_calls = w.pace.calls();
   return result;
 }
 
@@ -259,8 +346,7 @@ MappedMap open_index(const std::string& path) {
   if (base == MAP_FAILED)
     throw std::runtime_error("cannot map " + path + ": " + std::strerror(errno));
   MappedMap m(base, st.st_size);
-  if (auto why = m.map().validate(); !why.empty())
-    throw std::runtime_error(path + ": " + std::string(why));
+  if (!m.map().valid()) throw std::runtime_error(path + ": " + std::string(m.map().why()));
   return m;
 }
 

@@ -17,14 +17,17 @@ struct IndexOptions {
   std::vector<std::string> tier_dirs;  // job directory on each tier, fastest first
   uint32_t consistency = 0;
   uint64_t small_file_max = 0;
+  uint64_t stall_ns = 0;
   uint64_t generation = 0;
+  uint64_t index_rate = 0;  // metadata calls per second the walk may make, 0: unpaced
 };
 
 struct IndexStats {
   uint64_t files = 0, bytes = 0, dirs = 0;
-  uint64_t skipped = 0;     // symbolic links, devices, sockets, fifos: read from the PFS
-  uint64_t unreadable = 0;  // directories that could not be listed
-  double seconds = 0;       // walk and write
+  uint64_t skipped = 0;         // symbolic links, devices, sockets, fifos: read from the PFS
+  uint64_t unreadable = 0;      // directories that could not be listed
+  double seconds = 0;           // walk and write
+  uint64_t metadata_calls = 0;  // stat and opendir calls the walk made
 };
 
 // A mapped job map, owned: unmapped on destruction.
@@ -36,6 +39,8 @@ class MappedMap {
   MappedMap& operator=(MappedMap&& o) noexcept;
   ~MappedMap();
   JobMap& map() { return map_; }
+  // Makes the view again, after the header was written.
+  void reload() { map_ = JobMap(base_, size_); }
   size_t bytes() const { return size_; }
 
  private:

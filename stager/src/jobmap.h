@@ -1,14 +1,20 @@
 // The job map: one file per job per node, written by the stager and mapped
-// MAP_SHARED by every process of the job. It holds the dataset's index (path,
-// size, times: enough to answer stat), the state of each file's copy, the
-// progress of copies under way, and one slot of counters per thread that
-// touched the dataset (written by that thread only, summed by the stager).
+// MAP_SHARED by every process of the job. It holds the dataset's index (files
+// with size and times, enough to answer stat; directories, enough to resolve a
+// path as the kernel would), the state of each file's copy, the progress of
+// copies under way, and one slot of counters per thread that touched the
+// dataset (written by that thread only, summed by the stager).
 //
-// Contract: the stager creates the file complete under a temporary name and
-// renames it to <job dir>/index, so a process that opens it sees a finished
-// index. After that only the atomic fields change. Readers never lock: each
-// field they read is a single atomic word. A restarted stager writes a new
-// file with a new generation; processes that mapped the old one keep it.
+// Contract: the stager creates the file complete, its space allocated (never
+// sparse: a page first touched on a full file system would be SIGBUS), under a
+// temporary name and renames it to <job dir>/index, so a process that opens it
+// sees a finished index. After that only the atomic fields change. Readers
+// never lock: each field they read is a single atomic word.
+//
+// The map is the user's own file: a process of the job can scribble on it. So
+// JobMap copies every count and offset once, when it is opened, checks them
+// against the mapped size, and checks every live word (a state, a copy slot, a
+// bucket) before use: a damaged map means "read from the PFS", never a signal.
 //
 // This header is shared by the stager and the interposition library and must
 // not pull in anything beyond the C++ standard library and POSIX.
@@ -25,10 +31,10 @@
 
 namespace monarch {
 
-inline constexpr char kMagic[8] = {'M', 'O', 'N', 'A', 'R', 'C', 'H', '2'};
+inline constexpr char kMagic[8] = {'M', 'O', 'N', 'A', 'R', 'C', 'H', '3'};
 inline constexpr int kMapTiers = 4;       // == kMaxTiers in config.h
 inline constexpr int kCopySlots = 1024;   // copies under way at once, paused ones included
-inline constexpr int kProcSlots = 4096;   // processes with counters; later ones share slot 0
+inline constexpr int kProcSlots = 4096;   // threads with counters; later ones share slot 0
 inline constexpr size_t kPathMax = 1024;  // longest root or job directory path
 inline constexpr uint16_t kNoAttr = 0xffff;
 
@@ -45,18 +51,19 @@ inline constexpr const char* kEnvJobDir = "MONARCH_JOB_DIR";   // job directory 
 inline constexpr const char* kEnvLog = "MONARCH_LOG";          // "1": log to stderr
 
 // Copy state of one file, in the low 4 bits of its state word. Bits 4-7 hold
-// the tier (kCopying, kCached), bits 8-31 the claiming pid (kClaimed) or the
-// copy slot (kCopying).
+// the tier (kCopying, kCached), bits 8-31 the `aux` value: for kClaimed and
+// kQueued the time the state was entered (coarse_now()), for kCopying the copy slot.
 enum FileState : uint32_t {
   kNone = 0,     // not on any tier, nobody working on it
   kClaimed = 1,  // a reader is reading it whole and will hand the bytes over
-  kQueued = 2,   // a reader asked for it; the stager will copy it soon
+  kQueued = 2,   // the stager will copy it soon
   kCopying = 3,  // being written to tmp/<generation>-<id> on the tier
   kCached = 4,   // complete copy at data/<path> on the tier
   kNoRoom = 5,   // no tier had room when it was placed
   kFailed = 6,   // the copy failed (I/O error); read from the PFS
-  kStale = 7,    // the PFS file differs from the index; read from the PFS
+  kStale = 7,    // the PFS file differs from the index, or the job wrote it: PFS only
 };
+inline constexpr uint32_t kLastState = kStale;
 
 inline constexpr uint32_t make_state(FileState s, uint32_t tier = 0, uint32_t aux = 0) {
   return s | (tier << 4) | (aux << 8);
@@ -69,6 +76,27 @@ inline constexpr uint32_t tier_of(uint32_t w) {
 }
 inline constexpr uint32_t aux_of(uint32_t w) {
   return w >> 8;
+}
+
+// `aux` of kStale: the copy (on the word's tier) is still to be deleted; and
+// only names changed (unlink, rename): the file's bytes did not, so an open
+// descriptor of its copy still reads the right ones. Without kNamesOnly the
+// bytes may have changed (a write, a truncate, another version on the PFS).
+inline constexpr uint32_t kCopyToDelete = 1, kNamesOnly = 2;
+// `aux` of kCached: the copy was made ahead (stage-ahead), before any reader
+// asked for it; and a reader has opened it since. kTouched also in kNone: a
+// reader read the file from the PFS, too large to hand over. Stage-ahead
+// copies at most a window of bytes ahead of what readers have touched, so
+// readers that outrun the copies (epoch 1 of training) pull it along.
+inline constexpr uint32_t kAhead = 1, kTouched = 2;
+
+// Time in the 24 bits of `aux`: CLOCK_MONOTONIC in units of 2^20 ns (about
+// 1 ms), wrapping every 4.9 hours; ages are taken modulo the wrap.
+inline constexpr int kCoarseShift = 20;
+inline constexpr uint32_t kCoarseMask = 0xffffff;
+uint32_t coarse_now();
+inline uint64_t coarse_age_ns(uint32_t then, uint32_t now) {
+  return uint64_t((now - then) & kCoarseMask) << kCoarseShift;
 }
 
 // stat fields that many files share, stored once.
@@ -91,10 +119,21 @@ struct Entry {
 };
 static_assert(sizeof(Entry) == 56);
 
+// One dataset directory below the root (the root itself is not listed).
+struct DirEntry {
+  uint32_t path_off;
+  uint16_t path_len;
+  uint16_t pad;
+  std::atomic<uint32_t> stale;  // renamed or removed by the job: paths through it pass through
+  uint32_t pad2;
+  uint64_t dev, ino;
+};
+
 struct CopySlot {
   std::atomic<uint32_t> file;  // id + 1, 0 when free
   std::atomic<uint32_t> pad;
-  std::atomic<uint64_t> progress;  // bytes written to the temporary copy so far
+  std::atomic<uint64_t> progress;     // bytes written to the temporary copy so far
+  std::atomic<uint64_t> progress_ns;  // CLOCK_MONOTONIC of the last progress (or of the start)
 };
 
 struct alignas(64) ProcSlot {
@@ -112,7 +151,12 @@ struct Header {
   uint32_t tier_count;
   uint32_t consistency;  // 0 job, 1 open
   uint64_t small_file_max;
+  uint64_t stall_ns;  // a reader waits for a copy at most this long without progress
   uint64_t entries_off, strings_off, strings_size, buckets_off, bucket_count, attrs_off, attr_count;
+  uint64_t dirs_off, dir_count, dir_buckets_off, dir_bucket_count;
+  uint64_t ino_buckets_off,
+      ino_bucket_count;  // files by inode: the job's changes found by identity
+  uint64_t root_dev, root_ino;
   uint64_t slots_off;
   char root[kPathMax];                  // dataset root, absolute, lexically normal
   char real_root[kPathMax];             // the same, symbolic links resolved
@@ -123,68 +167,150 @@ struct Header {
   std::atomic<int32_t> stager_pid;
   std::atomic<uint32_t> stopping;   // the stager is shutting down: do not wait for it
   std::atomic<uint32_t> next_slot;  // next free ProcSlot
+  std::atomic<uint64_t> copied_ns;  // CLOCK_MONOTONIC of the last progress of any copy (or start)
+  std::atomic<uint64_t> ahead_touched;  // bytes of copies made ahead that readers have opened
+  std::atomic<uint32_t> copies_off;     // the dataset's file system is fast: no copy is worth it
   CopySlot copies[kCopySlots];
 };
 
 // How long a heartbeat stays fresh. Past it, readers stop waiting for copies.
 inline constexpr uint64_t kHeartbeatFreshNs = 2'000'000'000;
+// How long a file may wait in the copy queue before readers stop waiting for
+// it, when no copy at all has moved for the stall timeout (stuck copy threads).
+inline constexpr uint64_t kQueueGraceNs = 20'000'000;
 
-// A read-only view of a mapped job map, with the lookups both sides use.
+// A state word, decoded and checked against the map it came from.
+struct State {
+  FileState state = kFailed;
+  uint32_t tier = 0;
+  uint32_t aux = 0;
+};
+
+// A view of a mapped job map, with the lookups both sides use. Every count,
+// offset and path below is a private copy, checked when the view is made.
 class JobMap {
  public:
   JobMap() = default;
-  JobMap(void* base, size_t size);  // does not check; see validate()
+  JobMap(void* base, size_t size);  // see valid()/why()
 
   // Empty when the map is usable; otherwise why not.
-  std::string_view validate() const;
+  std::string_view why() const { return why_; }
+  bool valid() const { return why_.empty(); }
 
   Header& header() const { return *h_; }
-  uint64_t size() const { return h_->file_count; }
+  uint64_t size() const { return files_; }
+  uint64_t dirs() const { return dirs_; }
+  uint32_t tiers() const { return tiers_; }
+  uint64_t generation() const { return generation_; }
+  uint32_t consistency() const { return consistency_; }
+  uint64_t small_file_max() const { return small_file_max_; }
+  uint64_t stall_ns() const { return stall_ns_; }
+  const char* root() const { return root_; }
+  const char* real_root() const { return real_root_; }
+  const char* tier_dir(uint32_t t) const { return tier_dirs_[t < kMapTiers ? t : 0]; }
+
+  // REQUIRES id < size(). The entry's live fields may hold anything: read
+  // them through state() and path().
   Entry& entry(uint32_t id) const { return entries_[id]; }
-  std::string_view path(uint32_t id) const {
-    return {strings_ + entries_[id].path_off, entries_[id].path_len};
-  }
+  // The entry's path, or an empty view when its offsets are out of bounds.
+  std::string_view path(uint32_t id) const;
+  std::string_view dir_path(uint32_t id) const;
+  DirEntry& dir(uint32_t id) const { return dir_entries_[id]; }
   const Attr* attr(uint32_t id) const {
     uint16_t a = entries_[id].attr;
-    return a == kNoAttr ? nullptr : &attrs_[a];
+    return a < attrs_count_ ? &attrs_[a] : nullptr;
   }
   ProcSlot& slot(uint32_t i) const { return slots_[i]; }
+  CopySlot* copy_slot(uint32_t s) const { return s < kCopySlots ? &h_->copies[s] : nullptr; }
 
-  // Id of the file at `rel` (relative to the root, normal form), or -1.
+  // The file's state, checked: a word that cannot be a state reads as kFailed
+  // (the PFS). REQUIRES id < size().
+  State state(uint32_t id) const {
+    return decode(entries_[id].state.load(std::memory_order_acquire));
+  }
+  State decode(uint32_t w) const;
+
+  // Id of the file or directory at `rel` (relative to the root, no leading,
+  // trailing or double '/', no "." or ".."), or -1.
   int64_t find(std::string_view rel) const;
+  int64_t find_dir(std::string_view rel) const;
+  // Id of the file or directory with this identity, or -1 (kRootDir: the root).
+  // A file with several names (hard links) has an entry per name: for_each_inode.
+  int64_t find_inode(uint64_t dev, uint64_t ino) const;
+  template <typename F>
+  void for_each_inode(uint64_t dev, uint64_t ino, F f) const;
+  int64_t find_dir_inode(uint64_t dev, uint64_t ino) const;
+  static constexpr int64_t kRootDir = -2;
+  // Is `dev` a device some dataset file or directory lives on?
+  bool dataset_dev(uint64_t dev) const;
 
   // Is the stager alive and willing to copy?
   bool stager_alive(uint64_t now_ns) const;
+  // Is a file that entered the copy queue `queued_ns` ago stuck there? Yes
+  // after the stall timeout, and sooner when no copy has moved for that long.
+  bool queue_stuck(uint64_t queued_ns, uint64_t now_ns) const;
 
   // Fills `st` from the index. Returns false if the index cannot answer exactly.
   bool fill_stat(uint32_t id, struct stat* st) const;
 
+  // Does `st` (of a PFS descriptor or path) show the very version the index holds?
+  bool same_version(uint32_t id, const struct stat& st) const;
+
   static uint64_t hash(std::string_view s);
+  static uint64_t hash(uint64_t dev, uint64_t ino) { return (ino * 0x9e3779b97f4a7c15ull) ^ dev; }
   static uint64_t bucket_of(uint64_t hash, uint64_t buckets) {
     return static_cast<uint64_t>((static_cast<unsigned __int128>(hash) * buckets) >> 64);
   }
 
  private:
+  template <typename Path>
+  int64_t probe(const uint32_t* buckets, uint64_t n, uint64_t count, std::string_view rel,
+                Path path) const;
+
+  std::string_view why_ = "not mapped";
+  static constexpr int kDevs = 64;  // more, and every device counts as the dataset's
+  uint64_t devs_[kDevs] = {};
+  int dev_count_ = 0;
+  const uint32_t* ino_buckets_ = nullptr;
+  uint64_t ino_bucket_count_ = 0, root_dev_ = 0, root_ino_ = 0;
   Header* h_ = nullptr;
   Entry* entries_ = nullptr;
+  DirEntry* dir_entries_ = nullptr;
   const char* strings_ = nullptr;
   const uint32_t* buckets_ = nullptr;
+  const uint32_t* dir_buckets_ = nullptr;
   const Attr* attrs_ = nullptr;
   ProcSlot* slots_ = nullptr;
+  uint64_t files_ = 0, dirs_ = 0, strings_size_ = 0, bucket_count_ = 0, dir_bucket_count_ = 0;
+  uint64_t attrs_count_ = 0, generation_ = 0, small_file_max_ = 0, stall_ns_ = 0;
+  uint32_t tiers_ = 0, consistency_ = 0;
+  char root_[kPathMax] = "", real_root_[kPathMax] = "";
+  char tier_dirs_[kMapTiers][kPathMax] = {};
 };
 
-uint64_t monotonic_ns();
+template <typename F>
+void JobMap::for_each_inode(uint64_t dev, uint64_t ino, F f) const {
+  uint64_t n = ino_bucket_count_;
+  if (n == 0) return;
+  uint64_t b = bucket_of(hash(dev, ino), n);
+  for (uint64_t tries = 0; tries < n; ++tries, b = b + 1 == n ? 0 : b + 1) {
+    uint32_t v = ino_buckets_[b];
+    if (v == 0) return;
+    if (v - 1 < files_ && entries_[v - 1].ino == ino) {
+      const Attr* a = attr(v - 1);
+      if (!a || a->dev == dev) f(uint32_t(v - 1));
+    }
+  }
+}
 
-// Lexical path handling for the interposer (no system calls).
+uint64_t monotonic_ns();
+int64_t to_ns(const timespec& t);
+
+// Lexical path handling for the stager and monarch-run (no system calls).
 //
 // Joins `base` (absolute, may be empty for an absolute `path`) and `path`,
 // removes "." and empty components and resolves ".." lexically into `out`.
-// Returns the length, or -1 if it does not fit. A trailing '/' is kept, since
-// "file/" must fail with ENOTDIR as it would without Monarch.
+// Returns the length, or -1 if it does not fit. A trailing '/' is kept.
 int normalize_path(std::string_view base, std::string_view path, char* out, size_t cap);
-
-// If `abs` (normal form) is `root` or lies under it, returns the part after
-// "root/"; otherwise returns an empty view with data() == nullptr.
-std::string_view under_root(std::string_view abs, std::string_view root);
 
 }  // namespace monarch

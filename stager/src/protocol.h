@@ -9,8 +9,10 @@ namespace monarch {
 
 enum class Request : uint32_t {
   kPlace = 1,    // copy this file soon: a reader is reading it now
-  kData = 2,     // here are the file's bytes, read whole (a memfd rides along as SCM_RIGHTS)
-  kStale = 3,    // the PFS file no longer matches the index
+  kData = 2,     // the file's bytes, read whole: SCM_RIGHTS carries exactly two descriptors,
+                 // a memfd with the bytes and the reader's own descriptor of the PFS file
+                 // they were read from (the proof of where they come from)
+  kStale = 3,    // the PFS file no longer matches the index, or the job opened it to write
   kRelease = 4,  // a claim (kClaimed) was given up: the file is free to copy
 };
 

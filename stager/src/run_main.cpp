@@ -100,18 +100,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Waits for the stager's one line on `fd`; "" on timeout.
-std::string read_line(int fd, unsigned timeout_s) {
-  std::string line;
-  pollfd p{.fd = fd, .events = POLLIN};
-  while (poll(&p, 1, timeout_s ? int(timeout_s * 1000) : -1) > 0) {
-    char c;
-    if (read(fd, &c, 1) != 1 || c == '\n') return line.empty() ? "error: the stager exited" : line;
-    line += c;
-  }
-  return "";
-}
-
 pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>* env,
             int keep_fd) {
   pid_t pid = fork();
@@ -119,6 +107,7 @@ pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
+  signal(SIGPIPE, SIG_DFL);  // monarch-run ignores it; the command must not
   std::vector<char*> argv, envp;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -134,28 +123,71 @@ pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>
   _exit(127);
 }
 
-int wait_status(pid_t pid) {
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-// Stops the stager: SIGTERM, then SIGKILL after `bound_s`.
+// Stops the stager: SIGTERM, then SIGKILL after `bound_s`. A stager stuck in
+// a PFS call that never returns cannot even be killed: after 5 s more it is
+// left behind, and the command's own result still comes back.
 void stop(pid_t pid, unsigned bound_s) {
   kill(pid, SIGTERM);
-  for (unsigned i = 0; i < bound_s * 20; ++i) {
-    if (waitpid(pid, nullptr, WNOHANG) == pid) return;
-    usleep(50'000);
-  }
+  auto gone = [pid](unsigned tenths) {
+    for (unsigned i = 0; i < tenths * 2; ++i) {
+      if (waitpid(pid, nullptr, WNOHANG) == pid) return true;
+      usleep(50'000);
+    }
+    return false;
+  };
+  if (gone(bound_s * 10)) return;
   std::cerr << "monarch-run: the stager did not stop in " << bound_s << " s; killed\n";
   kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
+  if (!gone(50))
+    std::cerr << "monarch-run: the stager (pid " << pid
+              << ") is stuck in the file system and cannot be killed; left behind\n";
 }
 
-pid_t g_child = 0;
-void forward(int sig) {
-  if (g_child > 0) kill(g_child, sig);
+// The signals monarch-run forwards to the command: it then waits for the
+// command to end, stops the stager and removes the copies, whatever ended it.
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+// Writes to stderr, which may be a closed pipe: a failure is ignored.
+void say(const std::string& line) {
+  (void)!write(STDERR_FILENO, line.data(), line.size());
+}
+
+// Waits for `child`, forwarding the signals above, and reads the stager's
+// answer on `ready` meanwhile (the command does not wait for it: its reads go
+// to the PFS until the stager has published the index). Returns the child's
+// status; `forwarded` is the last signal forwarded (0 if none), `monarch`
+// false once the stager said it cannot serve.
+int wait_forwarding(pid_t child, const sigset_t& set, int ready, int& forwarded, bool& monarch) {
+  forwarded = 0;
+  std::string line;
+  for (;;) {
+    int st = 0;
+    pid_t r = waitpid(child, &st, WNOHANG);
+    if (r == child) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (r < 0 && errno != EINTR) return 127;
+    // SIGCHLD of the stager must not be mistaken for the command's: poll.
+    pollfd p{.fd = ready, .events = POLLIN};
+    if (poll(&p, ready >= 0 ? 1 : 0, 20) > 0) {
+      char buf[512];
+      ssize_t n = read(ready, buf, sizeof buf);
+      if (n > 0) line.append(buf, size_t(n));
+      // "ready" first, then "error: ..." if the index cannot be made.
+      for (size_t nl; (nl = line.find('\n')) != std::string::npos; line.erase(0, nl + 1)) {
+        if (!line.starts_with("error: ")) continue;
+        size_t at = line.starts_with("error: unavailable: ") ? 20 : 7;
+        say("monarch-run: Monarch is off for this run: " + line.substr(at, nl - at) +
+            "; reading from the PFS\n");
+        monarch = false;
+      }
+      if (n <= 0) close(ready), ready = -1;
+    }
+    timespec now{0, 0};
+    int sig = sigtimedwait(&set, nullptr, &now);
+    if (sig > 0 && sig != SIGCHLD) {
+      kill(child, sig);
+      forwarded = sig;
+    }
+  }
 }
 
 }  // namespace
@@ -175,8 +207,33 @@ int main(int argc, char** argv) {
     fail(e.what());
   }
   if (config.tiers.empty()) fail("no node-local tier: give --tier DIR or a configuration file");
+  try {  // bad input stops monarch-run before anything starts
+    check_dataset(opt.dataset, config);
+  } catch (const ConfigError& e) {
+    fail(e.what());
+  }
+  // From here on monarch-run ends only through its own clean-up: the signals
+  // that would end it are forwarded to the command, a closed stderr is
+  // ignored (EPIPE), and the stager removes the copies itself if monarch-run
+  // is killed outright.
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : kForwarded) sigaddset(&set, s);
+  sigaddset(&set, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
   std::string job = "run-" + std::to_string(getpid());
   std::string dir = exe_dir();
+  auto remove_copies = [&] {
+    if (opt.keep) return;
+    for (const TierConfig& t : config.tiers) {
+      RemoveResult r = remove_tree(job_dir(t, job));
+      if (r.errors)
+        say("monarch-run: could not remove " + r.first_path + ": " + std::strerror(r.first_errno) +
+            "\n");
+    }
+  };
 
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
@@ -189,19 +246,12 @@ int main(int argc, char** argv) {
       "--ready-fd",
       std::to_string(pipefd[1]),
       "--exit-with-parent"};
+  if (!opt.keep) sargs.push_back("--remove-if-orphaned");
   if (opt.config_given) sargs.insert(sargs.end(), {"--config", opt.config});
   for (const std::string& t : opt.tiers) sargs.insert(sargs.end(), {"--tier", t});
   pid_t stager = spawn(sargs, nullptr, pipefd[1]);
   close(pipefd[1]);
-  std::string ready = read_line(pipefd[0], config.start_timeout_s);
-  close(pipefd[0]);
-  if (ready.starts_with("error")) {
-    wait_status(stager);
-    fail(ready.substr(ready.find(':') + 2));  // the stager's message, already clear
-  }
-  if (ready.empty())
-    std::cerr << "monarch-run: the stager is not ready after " << config.start_timeout_s
-              << " s; the command starts now and reads from the PFS until it is\n";
+  bool monarch = true;
 
   // The command's environment: the library appended to LD_PRELOAD.
   std::string lib =
@@ -220,16 +270,19 @@ int main(int argc, char** argv) {
              !v.starts_with(std::string(kEnvJobDir) + "="))
       env.push_back(v);
   }
-  env.push_back("LD_PRELOAD=" + preload);
-  env.push_back(std::string(kEnvDataset) + "=" + root);
   std::string job_dir0 = job_dir(config.tiers[0], job);
-  env.push_back(std::string(kEnvJobDir) + "=" + job_dir0);
+  if (monarch) {
+    env.push_back("LD_PRELOAD=" + preload);
+    env.push_back(std::string(kEnvDataset) + "=" + root);
+    env.push_back(std::string(kEnvJobDir) + "=" + job_dir0);
+  }
 
-  signal(SIGINT, forward);
-  signal(SIGTERM, forward);
-  g_child = spawn(opt.command, &env, -1);
-  int status = wait_status(g_child);
-  g_child = 0;
+  pid_t child = spawn(opt.command, &env, -1);
+  int forwarded = 0;
+  int status = wait_forwarding(child, set, pipefd[0], forwarded, monarch);
+  if (forwarded)
+    say(std::string("monarch-run: forwarded ") + strsignal(forwarded) +
+        " to the command; stopping the stager and removing the copies\n");
 
   stop(stager, config.stop_timeout_s);
   std::ifstream in(job_dir0 + "/" + kStatsName);
@@ -238,23 +291,17 @@ int main(int argc, char** argv) {
   if (!opt.report.empty()) {
     std::ofstream out(opt.report);
     out << stats.str();
-    if (!out) std::cerr << "monarch-run: cannot write " << opt.report << "\n";
+    if (!out) say("monarch-run: cannot write " + opt.report + "\n");
   }
-  if (!opt.quiet) {
+  if (!opt.quiet && monarch) {
     std::string summary;
     try {
       summary = summary_text(stats.str());
     } catch (const std::exception& e) {
       summary = std::string("no statistics: ") + e.what() + "\n";
     }
-    std::cerr << summary;
+    say(summary);
   }
-  if (!opt.keep)
-    for (const TierConfig& t : config.tiers) {
-      RemoveResult r = remove_tree(job_dir(t, job));
-      if (r.errors)
-        std::cerr << "monarch-run: could not remove " << r.first_path << ": "
-                  << std::strerror(r.first_errno) << "\n";
-    }
+  remove_copies();
   return status;
 }

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -22,8 +23,10 @@
 
 #include <cerrno>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <iostream>
+#include <mutex>
 #include <thread>
 
 #include "config.h"
@@ -48,11 +51,19 @@ struct Options {
   std::vector<std::string> tiers;
   int ready_fd = -1;
   bool exit_with_parent = false;
+  bool remove_if_orphaned = false;
+  pid_t parent = 0;
 };
 
-// A start-up failure: printed, sent on the ready pipe, exit status 2.
+// A start-up failure: printed, sent on the ready pipe, exit status 2. Bad
+// input (configuration, dataset, job key, tiers) is the caller's to fix; a
+// fault of the node (a full tier, a failing file system) only means the job
+// runs without Monarch, which the ready line says with "unavailable: ".
 struct StartError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  enum Cause { kInput, kNode };
+  Cause cause;
+  explicit StartError(const std::string& what, Cause c = kInput)
+      : std::runtime_error(what), cause(c) {}
 };
 
 void tell(int fd, const std::string& line) {
@@ -92,39 +103,9 @@ int open_job_dir(const TierConfig& tier, const std::string& job) {
                      "); remove it or use another job key");
   for (const char* sub : {"data", "tmp"})
     if (mkdirat(fd, sub, 0700) != 0 && errno != EEXIST)
-      throw StartError("cannot create " + job_dir(tier, job) + "/" + sub + ": " + errno_text());
+      throw StartError("cannot create " + job_dir(tier, job) + "/" + sub + ": " + errno_text(),
+                       StartError::kNode);
   return fd;
-}
-
-// The dataset root as an absolute, lexically normal path, checked readable.
-std::string check_dataset(const std::string& given, const Config& config) {
-  char cwd[PATH_MAX];
-  if (!getcwd(cwd, sizeof cwd)) cwd[0] = 0;
-  char norm[kPathMax];
-  if (normalize_path(cwd, given, norm, sizeof norm) < 0)
-    throw StartError("--dataset '" + given + "': path too long");
-  std::string root = norm;
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
-  struct stat st;
-  if (stat(root.c_str(), &st) != 0) throw StartError("--dataset " + root + ": " + errno_text());
-  if (!S_ISDIR(st.st_mode)) throw StartError("--dataset " + root + ": not a directory");
-  if (access(root.c_str(), R_OK | X_OK) != 0)
-    throw StartError("--dataset " + root + ": cannot list it (" + errno_text() + ")");
-  if (root == "/") throw StartError("--dataset /: the root file system cannot be a dataset");
-  char real[PATH_MAX];
-  std::string real_root = realpath(root.c_str(), real) ? real : root;
-  for (const TierConfig& t : config.tiers) {
-    char tr[PATH_MAX];
-    std::string tier_real = realpath(t.path.c_str(), tr) ? tr : t.path;
-    auto inside = [](const std::string& a, const std::string& b) {
-      return a == b ||
-             (a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '/');
-    };
-    if (inside(real_root, tier_real) || inside(tier_real, real_root))
-      throw StartError("--dataset " + root + " overlaps the node-local tier " + t.path +
-                       ": the dataset must live on the shared file system");
-  }
-  return root;
 }
 
 uint64_t random64() {
@@ -147,6 +128,11 @@ struct Stager {
   std::unique_ptr<Stats> stats;
   int sock = -1;
   std::atomic<bool> stop{false};
+  // Wakes the receiver and the ticker at once when the stager stops: the end
+  // of a job step waits for nothing but the statistics.
+  int stop_fd = eventfd(0, EFD_CLOEXEC);
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
 
   void setup_logging() {
     auto level = spdlog::level::from_str(opt.log_level.empty() ? config.log_level : opt.log_level);
@@ -207,12 +193,13 @@ struct Stager {
 
     int lock = openat(tier_fds[0], kLockName, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (lock < 0)
-      throw StartError("cannot open " + tier_dirs[0] + "/" + kLockName + ": " + errno_text());
+      throw StartError("cannot open " + tier_dirs[0] + "/" + kLockName + ": " + errno_text(),
+                       StartError::kNode);
     if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
       // One stager per job and node: it must serve the same dataset.
       std::string other;
       try {
-        other = open_index(tier_dirs[0] + "/" + kIndexName).map().header().root;
+        other = open_index(tier_dirs[0] + "/" + kIndexName).map().root();
       } catch (const std::runtime_error&) {  // still indexing: cannot tell yet
       }
       if (!other.empty() && other != root)
@@ -232,7 +219,7 @@ struct Stager {
       const TierConfig& tc = config.tiers[t];
       struct statvfs vfs;
       if (fstatvfs(tier_fds[t], &vfs) != 0)
-        throw StartError("cannot statvfs tier " + tc.path + ": " + errno_text());
+        throw StartError("cannot statvfs tier " + tc.path + ": " + errno_text(), StartError::kNode);
       uint64_t quota = tc.quota_bytes
                            ? tc.quota_bytes
                            : uint64_t(double(vfs.f_blocks) * vfs.f_frsize * tc.quota_percent / 100);
@@ -255,21 +242,7 @@ struct Stager {
         },
         /*reserve=*/0);
 
-    IndexOptions io{.root = root,
-                    .out_path = tier_dirs[0] + "/" + kIndexName,
-                    .tier_dirs = tier_dirs,
-                    .consistency = uint32_t(config.consistency == Consistency::kOpen),
-                    .small_file_max = config.small_file_max,
-                    .generation = random64()};
-    try {
-      map = build_index(io, index_stats, [this](JobMap& m) { adopt(m); });
-    } catch (const std::runtime_error& e) {
-      throw StartError(e.what());
-    }
-    spdlog::info("indexed {} files, {} in {} directories in {:.3f} s ({} skipped); kept {} copies",
-                 index_stats.files, human_bytes(double(index_stats.bytes)), index_stats.dirs,
-                 index_stats.seconds, index_stats.skipped, counters[s_adopted].load());
-
+    // The socket first: requests that come while the dataset is indexed wait in it.
     sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     int rcvbuf = 8 << 20;
     setsockopt(sock, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
@@ -280,17 +253,52 @@ struct Stager {
     sockaddr_un addr{.sun_family = AF_UNIX};
     std::strcpy(addr.sun_path, kSocketName);
     if (fchdir(tier_fds[0]) != 0 || bind(sock, (sockaddr*)&addr, sizeof addr) != 0)
-      throw StartError("cannot create " + tier_dirs[0] + "/" + kSocketName + ": " + errno_text());
+      throw StartError("cannot create " + tier_dirs[0] + "/" + kSocketName + ": " + errno_text(),
+                       StartError::kNode);
     if (cwd >= 0) (void)!fchdir(cwd), close(cwd);
+  }
 
-    Header& h = map.map().header();
-    h.stager_pid = getpid();
-    h.heartbeat_ns = monotonic_ns();
+  // The index, then the copier and the statistics: after start() has said
+  // "ready", while the job already runs (its reads go to the PFS until the map
+  // is published). A failure here leaves the job on the PFS.
+  void build() {
+    IndexOptions io{.root = root,
+                    .out_path = tier_dirs[0] + "/" + kIndexName,
+                    .tier_dirs = tier_dirs,
+                    .consistency = uint32_t(config.consistency == Consistency::kOpen),
+                    .small_file_max = config.small_file_max,
+                    .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000,
+                    .generation = random64(),
+                    .index_rate = config.index_rate};
+    try {
+      map = build_index(io, index_stats, [this](JobMap& m) {
+        adopt(m);
+        // Alive from the moment readers can see the map: a reader that opens
+        // a file then may wait for its copy.
+        m.header().stager_pid = getpid();
+        m.header().heartbeat_ns = monotonic_ns();
+      });
+    } catch (const std::runtime_error& e) {
+      throw StartError(e.what(), StartError::kNode);
+    }
+    spdlog::info(
+        "indexed {} files, {} in {} directories in {:.3f} s ({} skipped, {} metadata calls); kept "
+        "{} copies",
+        index_stats.files, human_bytes(double(index_stats.bytes)), index_stats.dirs,
+        index_stats.seconds, index_stats.skipped, index_stats.metadata_calls,
+        counters[s_adopted].load());
 
-    CopierOptions co{.root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC),
-                     .tier_fds = tier_fds,
-                     .threads = config.copy_threads,
-                     .stage_ahead = config.stage_ahead};
+    CopierOptions co{
+        .root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC),
+        .tier_fds = tier_fds,
+        .threads = config.copy_threads,
+        .stage_ahead = config.stage_ahead,
+        .ahead_window =
+            config.stage_ahead_window
+                ? config.stage_ahead_window
+                : std::max(kMinAheadWindow, uint64_t(double(map.map().header().dataset_bytes) *
+                                                     config.stage_ahead_window_percent / 100)),
+        .fast_fs_check = !config.copy_fast_dataset};
     for (const TierConfig& t : config.tiers) co.block_sizes.push_back(t.block_size);
     copier = std::make_unique<Copier>(map.map(), *placement, co, counters);
 
@@ -313,28 +321,37 @@ struct Stager {
 
   void receive() {
     while (!stop) {
-      pollfd p{.fd = sock, .events = POLLIN};
-      if (poll(&p, 1, 200) <= 0) continue;
+      pollfd p[2] = {{.fd = sock, .events = POLLIN}, {.fd = stop_fd, .events = POLLIN}};
+      if (poll(p, 2, 200) <= 0 || !(p[0].revents & POLLIN)) continue;
       Message m;
       iovec iov{&m, sizeof m};
-      alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
+      // Room for more descriptors than a request carries: every one that
+      // arrives is accounted for (used or closed), whatever a sender put in.
+      alignas(cmsghdr) char cbuf[CMSG_SPACE(kMaxReceivedFds * sizeof(int))];
       msghdr mh{
           .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
       ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
       if (n < 0) continue;
-      int fd = -1;
-      for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-          std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+      std::vector<int> fds;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+          fds.push_back(fd);
+        }
+      }
       counters[s_requests]++;
-      bool ok = n == sizeof m && m.magic == Message::kMessageMagic &&
-                m.generation == map.map().header().generation && m.file < map.map().size();
-      if (ok && m.type == Request::kData && fd >= 0) {
-        copier->data(m.file, fd);
+      bool ok = n == sizeof m && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+                m.magic == Message::kMessageMagic && m.generation == map.map().generation() &&
+                m.file < map.map().size();
+      if (ok && m.type == Request::kData && fds.size() == 2) {
+        copier->data(m.file, fds[0], fds[1]);  // takes both
         continue;
       }
-      if (fd >= 0) close(fd);
-      if (!ok) {
+      for (int fd : fds) close(fd);
+      if (!ok || !fds.empty()) {
         counters[s_ignored]++;
         continue;
       }
@@ -345,41 +362,43 @@ struct Stager {
         case Request::kStale:
           copier->stale(m.file);
           break;
-        case Request::kRelease: {
-          uint32_t s = map.map().entry(m.file).state.load();
-          if (state_of(s) == kClaimed &&
-              map.map().entry(m.file).state.compare_exchange_strong(s, make_state(kNone)))
-            copier->rescan();
+        case Request::kRelease:
+          copier->rescan();
           break;
-        }
         default:
           counters[s_ignored]++;
       }
     }
   }
 
+  static constexpr int kMaxReceivedFds = 16;
+
   // Space kept so that the statistics can still be written once a tier's
   // file system is full (another job may fill it): freed on the first ENOSPC.
   static constexpr const char* kReserveName = "stats.reserve";
   static constexpr off_t kReserveBytes = 1 << 20;
 
-  bool try_write_stats(const std::string& text) {
+  // Writes the statistics atomically; returns 0 or the errno of the step that failed.
+  int try_write_stats(const std::string& text) {
     std::string tmp = std::string(kStatsName) + ".tmp";
     int fd = openat(tier_fds[0], tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
                     0600);
-    bool ok = fd >= 0 && write(fd, text.data(), text.size()) == ssize_t(text.size());
-    if (fd >= 0) ok = close(fd) == 0 && ok;
-    if (!ok) unlinkat(tier_fds[0], tmp.c_str(), 0);
-    return ok && renameat(tier_fds[0], tmp.c_str(), tier_fds[0], kStatsName) == 0;
+    if (fd < 0) return errno;
+    int err = 0;
+    ssize_t w = write(fd, text.data(), text.size());
+    if (w != ssize_t(text.size())) err = w < 0 ? errno : ENOSPC;
+    if (close(fd) != 0 && !err) err = errno;
+    if (!err && renameat(tier_fds[0], tmp.c_str(), tier_fds[0], kStatsName) != 0) err = errno;
+    if (err) unlinkat(tier_fds[0], tmp.c_str(), 0);
+    return err;
   }
 
   void write_stats(bool complete) {
     std::string text = stats->json(complete, copier->idle() ? copier->fill_seconds() : 0);
-    if (try_write_stats(text)) return;
-    if ((errno == ENOSPC || errno == EDQUOT) && unlinkat(tier_fds[0], kReserveName, 0) == 0 &&
-        try_write_stats(text))
-      return;
-    spdlog::warn("cannot write {}/{}: {}", tier_dirs[0], kStatsName, errno_text());
+    int err = try_write_stats(text);
+    if (err && (err == ENOSPC || err == EDQUOT) && unlinkat(tier_fds[0], kReserveName, 0) == 0)
+      err = try_write_stats(text);
+    if (err) spdlog::warn("cannot write {}/{}: {}", tier_dirs[0], kStatsName, std::strerror(err));
   }
 
   // Heartbeat, time series, statistics on disk and dead claims every 100 ms
@@ -388,7 +407,10 @@ struct Stager {
     constexpr uint64_t kBeat = 100'000'000;
     uint64_t n = 0, beat = monotonic_ns(), wait = kBeat;
     while (!stop) {
-      std::this_thread::sleep_for(std::chrono::nanoseconds(wait));
+      {
+        std::unique_lock lock(stop_mu);
+        stop_cv.wait_for(lock, std::chrono::nanoseconds(wait), [this] { return stop.load(); });
+      }
       uint64_t now = monotonic_ns();
       wait = stats->tick(now);
       if (now - beat < kBeat) {
@@ -400,7 +422,7 @@ struct Stager {
       if (++n % 10 == 0) stats->sample(now);
       if (n % 50 == 0) {
         write_stats(false);
-        copier->reap_claims();
+        copier->reap();
       }
     }
   }
@@ -411,27 +433,55 @@ struct Stager {
     for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);  // threads inherit the mask; main waits
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN);  // a copy above the job's file size limit fails with EFBIG
 
+    tell(opt.ready_fd, "ready");
+    try {
+      build();
+    } catch (const StartError& e) {
+      spdlog::error("{}; the job reads from the PFS", e.what());
+      tell(opt.ready_fd, std::string("error: unavailable: ") + e.what());
+      return 1;
+    }
+    if (opt.ready_fd >= 0) close(opt.ready_fd);
     copier->start();
     std::thread receiver([this] { receive(); });
     std::thread ticker([this] { tick(); });
     write_stats(false);
-    tell(opt.ready_fd, "ready");
-    if (opt.ready_fd >= 0) close(opt.ready_fd);
+    // From now on the log file says everything: the caller's terminal or pipe
+    // is not held (a stager stuck in a hung PFS must not keep a pipe open).
+    if (int null = open("/dev/null", O_RDWR | O_CLOEXEC); null >= 0) {
+      dup2(null, STDIN_FILENO), dup2(null, STDOUT_FILENO), dup2(null, STDERR_FILENO);
+      close(null);
+    }
 
     int sig = 0;
     sigwait(&set, &sig);
     spdlog::info("stopping on signal {}", sig);
     map.map().header().stopping = 1;
-    stop = true;
+    {
+      std::lock_guard lock(stop_mu);
+      stop = true;
+    }
+    stop_cv.notify_all();
+    uint64_t one = 1;
+    (void)!write(stop_fd, &one, sizeof one);
     receiver.join();
     ticker.join();
-    copier->stop();
+    bool joined = copier->stop(uint64_t(config.stop_timeout_s) * 500'000'000);
     stats->tick(monotonic_ns());  // the last epoch's end, if the job ended right on it
     write_stats(true);
     unlinkat(tier_fds[0], kSocketName, 0);
     spdlog::info("stopped: {} copies, {} handed over by readers", counters[s_copies].load(),
                  counters[s_handoffs].load());
+    if (opt.remove_if_orphaned && getppid() != opt.parent) {
+      spdlog::info("the parent is gone: removing the job's directories");
+      for (const std::string& d : tier_dirs) remove_tree(d);
+    }
+    if (!joined) {  // threads stuck in the PFS: end without the destructors they would race
+      spdlog::default_logger()->flush();
+      _exit(0);
+    }
     return 0;
   }
 };
@@ -448,7 +498,9 @@ Options parse_args(int argc, char** argv) {
       "tier", po::value(&o.tiers)->composing(), "DIR[:QUOTA], replaces the configured tiers")(
       "log-level", po::value(&o.log_level), "trace, debug, info, warn, error, off")(
       "ready-fd", po::value(&o.ready_fd), "descriptor that gets 'ready' or 'error: ...'")(
-      "exit-with-parent", po::bool_switch(&o.exit_with_parent), "stop when the parent exits");
+      "exit-with-parent", po::bool_switch(&o.exit_with_parent), "stop when the parent exits")(
+      "remove-if-orphaned", po::bool_switch(&o.remove_if_orphaned),
+      "remove the job's directories at exit if the parent is gone (monarch-run killed)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
@@ -476,7 +528,11 @@ int main(int argc, char** argv) {
     std::cerr << "monarch-stager: " << e.what() << " (see --help)\n";
     return 2;
   }
-  if (opt.exit_with_parent) prctl(PR_SET_PDEATHSIG, SIGTERM);
+  opt.parent = getppid();
+  if (opt.exit_with_parent) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != opt.parent) return 0;  // it died before the request took effect
+  }
   Stager s;
   s.opt = opt;
   try {
@@ -488,8 +544,17 @@ int main(int argc, char** argv) {
     else
       s.config = load_config(opt.config);
     override_tiers(s.config, opt.tiers);
-    s.root = check_dataset(opt.dataset, s.config);
+    try {
+      s.root = check_dataset(opt.dataset, s.config);
+    } catch (const ConfigError& e) {
+      throw StartError(e.what());
+    }
     s.start();
+  } catch (const StartError& e) {
+    std::cerr << "monarch-stager: " << e.what() << "\n";
+    tell(opt.ready_fd,
+         std::string(e.cause == StartError::kNode ? "error: unavailable: " : "error: ") + e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "monarch-stager: " << e.what() << "\n";
     tell(opt.ready_fd, std::string("error: ") + e.what());

@@ -90,14 +90,17 @@ class Pfs:
     PFS. The dataset is mount/<basename of source>; the counters live at
     mount/.pfsemu-counts, outside the dataset."""
 
-    def __init__(self, source, latency_us=0, bandwidth_mbs=0):
+    def __init__(self, source, latency_us=0, bandwidth_mbs=0, stall_comm=None,
+                 attr_timeout_ms=1000):
         self.tmp = tempfile.mkdtemp(prefix="monarch-pfs-")
         self.mount = os.path.join(self.tmp, "mnt")
         os.mkdir(self.mount)
         os.chmod(self.tmp, 0o755)
         subprocess.run([PFSEMU, "--source", os.path.dirname(source), "--mount", self.mount,
                         "--latency-us", str(latency_us), "--open-latency-us", str(latency_us),
-                        "--bandwidth-mbs", str(bandwidth_mbs), "--direct-io"], check=True)
+                        "--bandwidth-mbs", str(bandwidth_mbs), "--direct-io"] +
+                       (["--stall-comm", stall_comm] if stall_comm else []) +
+                       ["--attr-timeout-ms", str(attr_timeout_ms)], check=True)
         self.dataset = os.path.join(self.mount, os.path.basename(source))
         self.counts_file = os.path.join(self.mount, ".pfsemu-counts")
 
@@ -106,7 +109,16 @@ class Pfs:
             return json.load(f)
 
     def close(self):
-        subprocess.run(["fusermount3", "-u", self.mount], check=False)
+        if subprocess.run(["fusermount3", "-u", self.mount], stderr=subprocess.DEVNULL).returncode:
+            # Busy: a process is stuck in a request the emulator hangs on
+            # (--stall-comm). Stopping the daemon answers it, then unmounts.
+            for pid in daemon_pids("monarch-pfsemu", self.mount):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            end = time.time() + 10
+            while os.path.ismount(self.mount) and time.time() < end:
+                time.sleep(0.05)
+            subprocess.run(["fusermount3", "-uz", self.mount], stderr=subprocess.DEVNULL)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self):
@@ -162,6 +174,11 @@ def ensure_user(name=TEST_USER):
 
 def stager_pids(marker):
     """Stagers whose command line contains `marker` (a tier path)."""
+    return daemon_pids("monarch-stager", marker)
+
+
+def daemon_pids(program, marker):
+    """Processes of `program` whose command line contains `marker`."""
     pids = []
     for p in os.listdir("/proc"):
         if not p.isdigit():
@@ -171,7 +188,7 @@ def stager_pids(marker):
                 cmd = f.read().split(b"\0")
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"monarch-stager") and any(marker.encode() in c for c in cmd):
+        if cmd and cmd[0].endswith(program.encode()) and any(marker.encode() in c for c in cmd):
             pids.append(int(p))
     return pids
 

@@ -1,18 +1,25 @@
 #!/usr/bin/python3
 """Faults: whatever goes wrong in Monarch, readers get the bytes and errors
 they would get without it."""
+import array
+import contextlib
 import json
+import mmap
 import os
+import random
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
-from harness import (Case, LIBRARY, MONARCH_RUN, PY, READER, SMALL, STAGER, TEST_USER, dataset,
-                     dataset_bytes, ensure_user, md5_file, parse_epochs, read_dataset, reference,
-                     run, stager_pids, tier)
+from harness import (Case, LIBRARY, MONARCH_RUN, PY, READER, SMALL, STAGER, TEST_USER, Pfs,
+                     dataset, dataset_bytes, ensure_user, md5_file, parse_epochs, read_dataset,
+                     reference, run, stager_pids, tier)
 
 
 def wait_for(pred, timeout=30, what="condition"):
@@ -65,9 +72,11 @@ class Faults(Case):
 
     def test_no_stager_at_all(self):
         env = {"LD_PRELOAD": LIBRARY, "MONARCH_DATASET": self.root,
-               "MONARCH_JOB_DIR": "/nonexistent/monarch-job"}
-        epochs, _ = read_dataset(self.root, "read", env=env)
+               "MONARCH_JOB_DIR": "/nonexistent/monarch-job", "MONARCH_LOG": "1"}
+        epochs, p = read_dataset(self.root, "read", env=env)
         self.assertSameBytes(epochs, self.ref)
+        # Not vacuous: the library ran, found no job map, and said so.
+        self.assertIn("no job map at /nonexistent/monarch-job/index", p.stderr)
 
     def test_tier_runs_out_of_space(self):
         mnt = tempfile.mkdtemp(prefix="monarch-tmpfs-")
@@ -221,6 +230,337 @@ print(' '.join(res))
         self.assertEqual(p.returncode, 2)
         self.assertIn("/nonexistent/ds", p.stderr)
         self.assertIn("No such file or directory", p.stderr)
+
+
+FAULT_READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_reader.py")
+STALL = 0.2  # the shipped stall_timeout
+
+
+def conf_file(test, tier_dir, **keys):
+    """A monarch.conf with one tier and the given general keys."""
+    path = os.path.join(tempfile.mkdtemp(prefix="monarch-conf-"), "monarch.conf")
+    test.addCleanup(shutil.rmtree, os.path.dirname(path), True)
+    with open(path, "w") as f:
+        for k, v in keys.items():
+            f.write(f"{k} = {v}\n")
+        f.write(f"[tier.a]\npath = {tier_dir}\nquota = 10G\n")
+    return path
+
+
+def mount_tmpfs(test, size):
+    mnt = tempfile.mkdtemp(prefix="monarch-tmpfs-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=1777", "tmpfs", mnt],
+                   check=True)
+    test.addCleanup(os.rmdir, mnt)
+    test.addCleanup(subprocess.run, ["umount", "-l", mnt])
+    return mnt
+
+
+def job_dirs(t):
+    return [d for d in os.listdir(t) if d.startswith("monarch-")]
+
+
+class Faults12(Case):
+    """Issue 12: whatever breaks around Monarch, a job is never killed, stalled
+    or confused."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = dataset("small", **SMALL)
+        cls.ref = reference(cls.root)
+
+    def epochs_of(self, stdout):
+        return [json.loads(l) for l in stdout.splitlines() if l.startswith("{")]
+
+    def assert_bytes(self, epochs, n):
+        self.assertEqual(len(epochs), n)
+        for e in epochs:
+            self.assertEqual(e["failed"], 0, "a worker died")
+            bad = [k for k, v in self.ref.items() if e["files"].get(k) != v]
+            self.assertEqual(bad, [], f"epoch {e['epoch']}: wrong bytes")
+
+    def test_full_tier_kills_no_reader(self):
+        mnt = mount_tmpfs(self, "64m")
+        script = f"""
+import os, subprocess, sys
+mnt, root = {mnt!r}, {self.root!r}
+# Another job fills the tier's file system once the stager is up.
+subprocess.run(['dd', 'if=/dev/zero', 'of=' + mnt + '/filler', 'bs=1M'], stderr=subprocess.DEVNULL)
+files = sorted(os.path.join(d, n) for d, _, ns in os.walk(root) for n in ns)
+cats = [subprocess.run(['cat', f], stdout=subprocess.DEVNULL).returncode for f in files[:40]]
+loader = subprocess.run([sys.executable, {FAULT_READER!r}, root, '--workers', '8',
+                         '--epochs', '2'], capture_output=True, text=True)
+def cmdline(p):
+    try:
+        return open('/proc/' + p + '/cmdline', 'rb').read().split(bytes(1))
+    except OSError:
+        return [b'']
+stagers = [p for p in os.listdir('/proc') if p.isdigit() and
+           cmdline(p)[0].endswith(b'monarch-stager') and any(mnt.encode() in c for c in cmdline(p))]
+print(sum(c != 0 for c in cats), len(stagers), loader.returncode)
+sys.stdout.write(loader.stdout)
+"""
+        p = run([PY, "-c", script], monarch=["--dataset", self.root, "--tier", f"{mnt}:60M"],
+                timeout=600)
+        failed_cats, stagers, loader_rc = map(int, p.stdout.split("\n")[0].split())
+        self.assertEqual(failed_cats, 0, "short readers died on a full tier")
+        self.assertEqual(loader_rc, 0)
+        self.assertEqual(stagers, 1, "the stager died")
+        self.assert_bytes(self.epochs_of(p.stdout), 2)
+
+    def test_tier_full_before_start_runs_without_monarch(self):
+        mnt = mount_tmpfs(self, "16m")
+        subprocess.run(["dd", "if=/dev/zero", f"of={mnt}/filler", "bs=1M"],
+                       stderr=subprocess.DEVNULL)
+        p = run([PY, FAULT_READER, self.root], monarch=["--dataset", self.root, "--tier", mnt])
+        self.assertIn("Monarch is off for this run", p.stderr)
+        self.assert_bytes(self.epochs_of(p.stdout), 1)
+        self.assertEqual(job_dirs(mnt), [])
+
+    def timed_epoch(self, pfs_args, monarch=None, fault=None, epochs=1, pause_epoch=0):
+        """Runs the reader over an emulated PFS; `fault(test_dir)` is called
+        once the stager is up, before epoch `pause_epoch`."""
+        with Pfs(self.root, latency_us=1000, **pfs_args) as pfs:
+            if monarch is None:
+                p = run([PY, FAULT_READER, pfs.dataset, "--epochs", str(epochs)], timeout=600)
+                return self.epochs_of(p.stdout)
+            t = tier(self)
+            pause = os.path.join(tempfile.mkdtemp(prefix="monarch-pause-"), "go")
+            self.addCleanup(shutil.rmtree, os.path.dirname(pause), True)
+            cmd = [MONARCH_RUN, "--dataset", pfs.dataset, "--tier", t] + monarch + [
+                "--", PY, FAULT_READER, pfs.dataset, "--epochs", str(epochs),
+                "--pause-file", pause, "--pause-epoch", str(pause_epoch)]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            wait_for(lambda: stager_pids(t) and job_dirs(t) and
+                     os.path.exists(os.path.join(t, job_dirs(t)[0], "ctl.sock")),
+                     what="the stager ready")
+            stager = stager_pids(t)[0]
+            if fault:
+                fault(stager)
+            open(pause, "w").close()
+            out, err = proc.communicate(timeout=600)
+            self.assertEqual(proc.returncode, 0, err)
+            return self.epochs_of(out)
+
+    def test_stalled_copies_cost_one_stall_at_most(self):
+        # The PFS hangs every read of the stager's copy threads, as a stuck
+        # PFS request would: readers wait at most the stall timeout, once.
+        # Copy threads stuck also leave readers' hand-overs unwritten: the
+        # second epoch finds every small file claimed and its copy pending.
+        direct = self.timed_epoch({}, epochs=2)
+        stalled = self.timed_epoch({"stall_comm": "monarch-"}, monarch=[], epochs=2)
+        self.assert_bytes(stalled, 2)
+        for d, s in zip(direct, stalled):
+            print(f"stalled copies: epoch {s['epoch']} {s['seconds']:.2f} s vs direct "
+                  f"{d['seconds']:.2f} s; longest call {s['longest'] * 1000:.0f} ms")
+            self.assertLessEqual(s["seconds"], 2 * d["seconds"])
+            self.assertLessEqual(s["longest"], STALL * 1.1)
+
+    def test_stager_stopped_or_killed_costs_one_stall_at_most(self):
+        for name, fault in (("SIGSTOP", lambda pid: os.kill(pid, signal.SIGSTOP)),
+                            ("kill -9", lambda pid: os.kill(pid, signal.SIGKILL))):
+            stopped = []
+
+            def inject(pid):
+                stopped.append(pid)
+                fault(pid)
+
+            try:
+                epochs = self.timed_epoch({}, monarch=[], fault=inject, epochs=2)
+            finally:
+                for pid in stopped:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            self.assert_bytes(epochs, 2)
+            longest = max(e["longest"] for e in epochs)
+            print(f"{name}: longest call {longest * 1000:.0f} ms")
+            self.assertLessEqual(longest, STALL * 1.1, name)
+
+    def test_one_open_never_mixes_versions(self):
+        # 1000 times: a reader's first read starts the copy of a file; the file
+        # is replaced on the PFS (written elsewhere, renamed over it) while its
+        # copy is under way; a new open reads it whole. Every open must read
+        # the version it opened (checked with a raw system call Monarch never
+        # sees), never the other one's bytes, never a mix.
+        src = tempfile.mkdtemp(prefix="monarch-versions-")
+        self.addCleanup(shutil.rmtree, src, True)
+        os.chmod(src, 0o755)
+        ds = os.path.join(src, "ds")
+        os.mkdir(ds)
+        nfiles, blocks = 1000, 64  # 256 KiB each, above small_file_max: read as it is copied
+
+        def version(i, v):
+            return b"".join(struct.pack("<QQQ", i, v, b) * 170 + bytes(16) for b in range(blocks))
+
+        for i in range(nfiles):
+            with open(os.path.join(ds, f"f{i:04d}"), "wb") as f:
+                f.write(version(i, 0))
+        script = f"""
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+import glob, threading, time
+src, root, tier_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+raw = ctypes.create_string_buffer(24)
+
+def copying():  # the stager has opened the file and writes its copy
+    end = time.monotonic() + 0.05
+    while not glob.glob(os.path.join(tier_dir, "monarch-*", "tmp", "*")):
+        if time.monotonic() > end:
+            return 0
+        time.sleep(0.0005)
+    return 1
+
+def replace(i, v):  # outside Monarch: raw system calls, as another PFS client
+    data = b"".join(struct.pack("<QQQ", i, v, b) * 170 + bytes(16) for b in range({blocks}))
+    tmp = os.path.join(src, "tmp").encode()
+    fd = libc.syscall(257, -100, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    libc.syscall(1, fd, data, len(data))
+    libc.syscall(3, fd)
+    libc.syscall(82, tmp, os.path.join(src, "ds", "f%04d" % i).encode())
+
+def versions(fd):
+    libc.syscall(17, fd, raw, 24, 4096 * ({blocks} - 1))  # SYS_pread64: the open's own version
+    seen = {{struct.unpack_from('<QQQ', raw.raw)[1]}}
+    off = 0
+    while b := os.pread(fd, 65536, off):
+        for k in range(0, len(b), 4096):
+            seen.add(struct.unpack_from('<QQQ', b, k)[1])
+        off += len(b)
+    return seen
+
+wrong = during = 0
+for i in range({nfiles}):
+    p = os.path.join(root, "f%04d" % i)
+    a = os.open(p, os.O_RDONLY)
+    first = threading.Thread(target=os.pread, args=(a, 65536, 0))  # asks for a copy, waits
+    first.start()
+    during += copying()
+    replace(i, 1)                  # while the copy is made
+    b = os.open(p, os.O_RDONLY)    # the new version, opened while the old one is copied
+    first.join()
+    wrong += len(versions(b)) > 1
+    wrong += len(versions(a)) > 1  # and the first open keeps its own version
+    os.close(a)
+    os.close(b)
+print(during, wrong)
+"""
+        with Pfs(ds, latency_us=1000, bandwidth_mbs=20, attr_timeout_ms=0) as pfs:
+            t = tier(self)
+            conf = conf_file(self, t, small_file_max="64K", stage_ahead="no")
+            p = run([PY, "-c", script, src, pfs.dataset, t], timeout=600,
+                    monarch=["--dataset", pfs.dataset, "--config", conf, "-q"])
+        replaced, wrong = map(int, p.stdout.split())
+        print(f"versions: {replaced} replacements during copies, {wrong} opens with another version")
+        self.assertGreaterEqual(replaced, nfiles * 9 // 10, "replacements during a copy")
+        self.assertEqual(wrong, 0, "an open read bytes of another version than the one it opened")
+
+    def test_datagrams_with_many_descriptors(self):
+        t = tier(self)
+        conf = conf_file(self, t, stage_ahead="no")  # the readers' hand-overs come after the flood
+        report = os.path.join(t, "stats.json")
+        proc = subprocess.Popen([MONARCH_RUN, "--dataset", self.root, "--config", conf, "--report",
+                                 report, "--", PY,
+                                 FAULT_READER, self.root, "--epochs", "2", "--pause-file",
+                                 os.path.join(t, "go"), "--pause-epoch", "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: stager_pids(conf), what="the stager")
+        pid = stager_pids(conf)[0]
+        sock_path = os.path.join(t, job_dirs(t)[0], "ctl.sock")
+        wait_for(lambda: os.path.exists(sock_path), what="the socket")
+        before = len(os.listdir(f"/proc/{pid}/fd"))
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        null = [os.open("/dev/null", os.O_RDONLY) for _ in range(4)]
+        rnd = random.Random(5)
+        sent = 0
+        for i in range(20000):
+            msg = rnd.randbytes(rnd.choice([8, 28, 32, 40]))
+            with contextlib.suppress(BlockingIOError, OSError):
+                fds = array.array("i", null[:rnd.randint(2, 4)])
+                s.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], 0, sock_path)
+                sent += 1
+            if i % 500 == 0:
+                time.sleep(0.01)
+        time.sleep(1)
+        after = len(os.listdir(f"/proc/{pid}/fd"))
+        open(os.path.join(t, "go"), "w").close()
+        out, err = proc.communicate(timeout=600)
+        print(f"datagrams: {sent} sent; stager descriptors {before} -> {after}")
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertLessEqual(after, before + 8, "the stager leaks descriptors")
+        self.assert_bytes(self.epochs_of(out), 2)
+        with open(report) as f:
+            stager = json.load(f)["totals"]["stager"]
+        self.assertGreater(stager["handoffs"], 100, "hand-overs still work")
+        self.assertEqual(stager["copy_errors"], 0)
+
+    def test_monarch_run_cleans_up_however_it_ends(self):
+        cases = [(f"signal {s.name}", s, ["sleep", "60"], 128 + s) for s in
+                 (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
+        cases.append(("command killed", None, ["sh", "-c", "kill -KILL $$"], 137))
+        for name, sig, cmd, rc in cases:
+            t = tier(self)
+            proc = subprocess.Popen([MONARCH_RUN, "--dataset", self.root, "--tier", t, "--"] + cmd,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if sig:
+                wait_for(lambda: stager_pids(t) and [p for p in os.listdir("/proc") if p.isdigit()
+                         and os.path.exists(f"/proc/{p}/cmdline") and
+                         open(f"/proc/{p}/cmdline", "rb").read() == b"sleep\x0060\x00"],
+                         what="the command")
+                time.sleep(0.3)
+                proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
+            self.assertEqual(proc.returncode, rc, f"{name}: {err}")
+            if sig:
+                self.assertIn("forwarded", err, name)
+            self.assertEqual(job_dirs(t), [], f"{name}: copies left")
+            self.assertEqual(stager_pids(t), [], f"{name}: stager left")
+        # A closed stderr: monarch-run's own output cannot be written.
+        t = tier(self)
+        subprocess.run(["sh", "-c", f"{MONARCH_RUN} --dataset {self.root} --tier {t} -- "
+                        f"{PY} {READER} {self.root} --mode read --epochs 1 2>&1 | head -c 1"],
+                       stdout=subprocess.DEVNULL, timeout=600)
+        wait_for(lambda: not job_dirs(t) and not stager_pids(t), timeout=30,
+                 what="the copies removed after stderr closed")
+        # monarch-run itself killed outright: the stager removes the copies.
+        t = tier(self)
+        proc = subprocess.Popen([MONARCH_RUN, "--dataset", self.root, "--tier", t, "--",
+                                 "sleep", "60"], stderr=subprocess.DEVNULL)
+        wait_for(lambda: stager_pids(t), what="the stager")
+        time.sleep(0.5)
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: not job_dirs(t) and not stager_pids(t), timeout=30,
+                 what="the copies removed after monarch-run was killed")
+
+    def test_scribbled_job_map_kills_nobody(self):
+        # A process of the job writes garbage over the map's live fields while
+        # the job reads: nobody dies, the bytes stay right.
+        t = tier(self)
+        proc = subprocess.Popen([MONARCH_RUN, "--dataset", self.root, "--tier", t, "--", PY,
+                                 FAULT_READER, self.root, "--epochs", "3"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        index = lambda: [os.path.join(t, d, "index") for d in job_dirs(t)
+                         if os.path.exists(os.path.join(t, d, "index"))]
+        wait_for(index, what="the job map")
+        with open(index()[0], "r+b") as f:
+            m = mmap.mmap(f.fileno(), 0)
+            h = struct.unpack_from("<8sQQQQIIQQ" + "Q" * 17, m, 0)
+            entries_off, count = h[9], h[3]
+            rnd = random.Random(7)
+            end = time.time() + 4
+            while time.time() < end and proc.poll() is None:
+                for _ in range(50):  # state words, and the header's counts
+                    i = rnd.randrange(count)
+                    struct.pack_into("<I", m, entries_off + i * 56 + 8, rnd.getrandbits(32))
+                struct.pack_into("<Q", m, 24, rnd.getrandbits(64))
+                time.sleep(0.005)
+            m.close()
+        out, err = proc.communicate(timeout=600)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assert_bytes(self.epochs_of(out), 3)
+        self.assertNotIn("incomplete", err, "the stager died")
 
 
 if __name__ == "__main__":

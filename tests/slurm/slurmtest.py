@@ -177,13 +177,16 @@ class Pfs:
     readable by every user like a PFS: the dataset NAME is mount/NAME, the
     bytes it served are in counts()."""
 
-    def __init__(self):
+    def __init__(self, stall_comm=None):
+        """stall_comm: reads by threads whose name starts with it never
+        complete (a hung PFS, for those threads only)."""
         self.mount = os.path.join(ROOT, "pfs")
         subprocess.run(["fusermount3", "-u", self.mount], capture_output=True)
         os.makedirs(self.mount, exist_ok=True)
         os.chmod(self.mount, 0o755)
+        stall = ["--stall-comm", stall_comm] if stall_comm else []
         subprocess.run([PFSEMU, "--source", DATA, "--mount", self.mount, "--latency-us", "0",
-                        "--open-latency-us", "0", "--bandwidth-mbs", "0", "--direct-io"],
+                        "--open-latency-us", "0", "--bandwidth-mbs", "0", "--direct-io"] + stall,
                        check=True)
 
     def dataset(self, name):
@@ -194,7 +197,11 @@ class Pfs:
             return json.load(f)
 
     def close(self):
-        subprocess.run(["fusermount3", "-u", self.mount], check=False)
+        """Unmounted by its daemon's SIGTERM, which also ends stalled reads
+        (they fail with EIO); fusermount3 for a daemon already gone."""
+        subprocess.run(["pkill", "-TERM", "-f", f"^{PFSEMU} .*--mount {self.mount} "], check=False)
+        wait_for(lambda: not os.path.ismount(self.mount), 10, "monarch-pfsemu to unmount")
+        subprocess.run(["fusermount3", "-u", self.mount], capture_output=True, check=False)
 
 
 # ---- running as a user ----

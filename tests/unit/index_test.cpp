@@ -45,7 +45,7 @@ TEST(Index, FindsEveryRegularFileAndAnswersStat) {
   });
   ASSERT_TRUE(published);
   JobMap& m = mm.map();
-  EXPECT_EQ(m.validate(), "");
+  EXPECT_EQ(m.why(), "");
   EXPECT_EQ(stats.files, 201u);
   EXPECT_EQ(m.size(), 201u);
   EXPECT_EQ(stats.skipped, 2u);
@@ -68,7 +68,21 @@ TEST(Index, FindsEveryRegularFileAndAnswersStat) {
   EXPECT_EQ(got.st_mtim.tv_sec, want.st_mtim.tv_sec);
   EXPECT_EQ(m.find("link"), -1);
   EXPECT_EQ(m.find("class3"), -1);
-  EXPECT_EQ(m.find("class3/f1"), m.find("class3/f1"));
+  ASSERT_GE(m.find("class3/f1"), 0);
+  EXPECT_EQ(m.path(uint32_t(m.find("class3/f1"))), "class3/f1");
+  // Directories, for path resolution: the real ones only, not links or files.
+  EXPECT_EQ(m.dirs(), 5u);
+  EXPECT_GE(m.find_dir("class3"), 0);
+  EXPECT_EQ(m.find_dir("class3/f1"), -1);
+  EXPECT_EQ(m.find_dir("link"), -1);
+  // Files and directories by identity, for the job's changes.
+  struct stat f1, c3;
+  ASSERT_EQ(stat((root / "class3/f1").c_str(), &f1), 0);
+  ASSERT_EQ(stat((root / "class3").c_str(), &c3), 0);
+  EXPECT_EQ(m.find_inode(f1.st_dev, f1.st_ino), m.find("class3/f1"));
+  EXPECT_EQ(m.find_inode(f1.st_dev + 1, f1.st_ino), -1);
+  EXPECT_EQ(m.find_dir_inode(c3.st_dev, c3.st_ino), m.find_dir("class3"));
+  EXPECT_TRUE(m.dataset_dev(f1.st_dev));
   EXPECT_EQ(m.find("nope"), -1);
   uint64_t total = 0;
   for (uint64_t i = 0; i < m.size(); ++i) {
@@ -98,6 +112,7 @@ TEST(Index, AboutOneHundredBytesPerFile) {
   // ImageNet-like relative paths of ~30 bytes: entries, buckets and strings.
   double per_file = double(h.slots_off - h.entries_off) / files;
   EXPECT_LE(per_file, 100.0) << "bytes per file in the index";
+  std::printf("index: %.1f bytes per file\n", per_file);
 }
 
 TEST(Index, UnreadableRootIsAClearError) {

@@ -24,12 +24,5 @@ TEST(Paths, Normalize) {
   EXPECT_EQ(norm("", std::string(2000, 'a')), "(too long)");
 }
 
-TEST(Paths, UnderRoot) {
-  EXPECT_EQ(under_root("/data/set/a/b", "/data/set"), "a/b");
-  EXPECT_EQ(under_root("/data/set", "/data/set").data(), nullptr);
-  EXPECT_EQ(under_root("/data/settle/a", "/data/set").data(), nullptr);
-  EXPECT_EQ(under_root("/other/a", "/data/set").data(), nullptr);
-}
-
 }  // namespace
 }  // namespace monarch

@@ -1,0 +1,144 @@
+#include "paths.h"
+
+#include <limits.h>
+
+#include <cstring>
+
+namespace monarch {
+namespace {
+
+// Walks `path` one component at a time. `abs` always holds the absolute path
+// of the directory reached so far (without a trailing '/'; "" is "/").
+class Walk {
+ public:
+  Walk(const JobMap& m) : m_(m), root_(m.root()), real_(m.real_root()) {}
+
+  Resolved run(std::string_view path, std::string_view cwd) {
+    if (path.empty() || path.size() >= PATH_MAX) return {};
+    if (path[0] != '/') {
+      if (cwd.empty() || cwd[0] != '/' || cwd.size() >= PATH_MAX) return {};
+      while (cwd.size() > 1 && cwd.back() == '/') cwd.remove_suffix(1);
+      if (cwd != "/") append(cwd.substr(1));
+      if (!settle()) return {Where::kUnsure};
+    }
+    bool trailing = path.back() == '/';
+    size_t at = 0;
+    std::string_view comp = next(path, at);
+    while (!comp.empty()) {
+      std::string_view after = next(path, at);
+      bool last = after.empty();
+      if (!inside_) {
+        if (comp == "..") {
+          if (!physical_) return {Where::kUnsure};  // ".." after a name that may be a link
+          pop();
+        } else if (comp != ".") {
+          append(comp);
+          physical_ = false;
+        }
+        if (!enter()) return {};
+      } else if (comp == "..") {
+        if (n_ > base_) {
+          pop();  // an indexed directory: a real one, whose parent is the lexical one
+        } else if (via_real_) {
+          // The root reached by its real path: its parent is the lexical one too.
+          inside_ = false;
+          physical_ = true;
+          pop();
+          if (!enter()) return {};
+        } else {
+          return {Where::kUnsure};  // the root named through a link: its parent is elsewhere
+        }
+      } else if (comp != ".") {
+        if (!append(comp)) return {Where::kUnsure};
+        std::string_view rel = this->rel();
+        if (last && !trailing) {
+          int64_t f = m_.find(rel);
+          if (f >= 0) return {Where::kFile, uint32_t(f)};
+          int64_t d = dir(rel);
+          if (d >= 0) return {Where::kDir, uint32_t(d)};
+          return {Where::kUnsure};  // not indexed: a link, a new file, nothing...
+        }
+        if (dir(rel) < 0) return {Where::kUnsure};  // must be a directory the index knows
+      }
+      comp = after;
+    }
+    if (!inside_) return {};
+    if (n_ == base_) return {Where::kDir, kRoot};
+    int64_t d = dir(rel());
+    return d >= 0 ? Resolved{Where::kDir, uint32_t(d)} : Resolved{Where::kUnsure};
+  }
+
+ private:
+  // The next non-empty component from `at`; empty at the end.
+  static std::string_view next(std::string_view path, size_t& at) {
+    while (at < path.size() && path[at] == '/') ++at;
+    size_t end = path.find('/', at);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view c = path.substr(at, end - at);
+    at = end;
+    return c;
+  }
+
+  bool append(std::string_view comp) {
+    if (n_ + 1 + comp.size() >= sizeof abs_) return false;
+    abs_[n_++] = '/';
+    std::memcpy(abs_ + n_, comp.data(), comp.size());
+    n_ += comp.size();
+    return true;
+  }
+  void pop() {
+    while (n_ > 0 && abs_[n_ - 1] != '/') --n_;
+    if (n_ > 0) --n_;
+  }
+  std::string_view abs() const { return {abs_, n_}; }
+  std::string_view rel() const {
+    return n_ > base_ ? std::string_view(abs_ + base_ + 1, n_ - base_ - 1) : std::string_view();
+  }
+  int64_t dir(std::string_view rel) const {
+    int64_t d = m_.find_dir(rel);
+    return d >= 0 && !m_.dir(uint32_t(d)).stale.load(std::memory_order_relaxed) ? d : -1;
+  }
+
+  // Outside the dataset: is the directory reached its root? (Always true:
+  // returns so that a caller may stop.)
+  bool enter() {
+    std::string_view a = abs();
+    if (a == real_ || a == root_) {
+      inside_ = true;
+      via_real_ = a == real_;
+      base_ = n_;
+    }
+    return true;
+  }
+
+  // A relative path starts in the physical current directory: it may already
+  // be inside the dataset, in a directory the index must know.
+  bool settle() {
+    std::string_view a = abs();
+    if (a.size() > real_.size() && a.compare(0, real_.size(), real_) == 0 &&
+        a[real_.size()] == '/') {
+      inside_ = via_real_ = true;
+      base_ = real_.size();
+      return dir(rel()) >= 0;
+    }
+    enter();
+    return true;
+  }
+
+  const JobMap& m_;
+  std::string_view root_, real_;
+  char abs_[2 * PATH_MAX + 2];
+  size_t n_ = 0;
+  size_t base_ = 0;       // inside: length of abs_ at the dataset root
+  bool physical_ = true;  // outside: abs_ is a physical path, so ".." may remove a component
+  bool inside_ = false;
+  bool via_real_ = false;  // inside: the root was reached by its real path
+};
+
+}  // namespace
+
+Resolved resolve(const JobMap& m, std::string_view path, std::string_view cwd) {
+  return Walk(m).run(path, cwd);
+}
+
+}  // namespace monarch

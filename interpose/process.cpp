@@ -1,0 +1,348 @@
+#include "process.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "client.h"
+#include "fdtable.h"
+#include "handlers.h"
+
+namespace monarch {
+
+constinit Process P{};
+
+namespace {
+
+bool has_prefix(const char* path, const char* root, size_t len) {
+  return len && std::strncmp(path, root, len) == 0 && (path[len] == '/' || path[len] == 0);
+}
+
+pid_t real_pid() {
+  return pid_t(syscall(SYS_getpid));
+}
+
+// Recomputes the current-directory hint after a chdir (owner only).
+void update_cwd_hint() {
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd)) {
+    P.cwd_related = true;  // unknown: resolve relative paths each time (getcwd decides)
+    return;
+  }
+  size_t n = std::strlen(cwd), rl = P.real_len.load();
+  bool related = std::strcmp(cwd, "/") == 0 || has_prefix(cwd, P.root, P.root_len) ||
+                 has_prefix(P.root, cwd, n) ||
+                 (rl && (has_prefix(cwd, P.real_root, rl) || has_prefix(P.real_root, cwd, n)));
+  // Until the map is loaded the real root is unknown: stay pessimistic.
+  P.cwd_related = related || !rl;
+}
+
+void find_ancestors() {
+  int n = 0;
+  for (const char* root : {P.root, P.real_root}) {
+    size_t len = std::strlen(root);
+    char prefix[kPathMax];
+    for (size_t i = 1; i <= len && n < Process::kAncestors - 1; ++i) {
+      if (i < len && root[i] != '/') continue;
+      std::memcpy(prefix, root, i);
+      prefix[i] = 0;
+      struct stat st;
+      if (real::lstat(prefix, &st) != 0) continue;
+      P.ancestors[n++] = {uint64_t(st.st_dev), st.st_ino};
+      if (S_ISLNK(st.st_mode) && real::stat(prefix, &st) == 0 && n < Process::kAncestors)
+        P.ancestors[n++] = {uint64_t(st.st_dev), st.st_ino};
+    }
+  }
+  P.ancestor_count = n;
+}
+
+// Descriptors this process opened for writing before the map was published
+// (a shell's "exec 3<>file" at the job's start): their files are stale.
+void writers_already_open(JobMap* m) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    char* end;
+    long fd = std::strtol(e->d_name, &end, 10);
+    if (*end || fd < 0 || fd == dirfd(d)) continue;
+    int fl = real::fcntl(int(fd), F_GETFL);
+    struct stat st;
+    if (fl >= 0 && (fl & O_ACCMODE) != O_RDONLY && real::fstat(int(fd), &st) == 0 &&
+        S_ISREG(st.st_mode))
+      mark_stale_inode(m, st);
+  }
+  closedir(d);
+}
+
+JobMap* load_map() {
+  uint64_t now = monotonic_ns();
+  if (now < P.next_load_ns.load() || P.loading.exchange(1)) return P.map.load();
+  JobMap* result = P.map.load();
+  // Until the first map is there (the stager indexes while the job starts),
+  // look often: the job switches to copies within milliseconds of it. After,
+  // only a restarted stager brings another: look rarely.
+  P.next_load_ns = now + (result ? 500'000'000 : 5'000'000);
+  char path[kPathMax + 16];
+  std::snprintf(path, sizeof path, "%s/%s", P.job_dir, kIndexName);
+  int fd = real::open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  struct stat st;
+  if (fd >= 0 && real::fstat(fd, &st) == 0 && (!result || st.st_ino != P.index_ino) &&
+      S_ISREG(st.st_mode) && size_t(st.st_size) >= sizeof(Header)) {
+    void* base = real::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base != MAP_FAILED) {
+      auto* m = new JobMap(base, st.st_size);
+      std::string_view why = m->why();
+      if (why.empty() && std::strcmp(m->root(), P.root) != 0) why = "another dataset";
+      if (why.empty()) {
+        // Maps are never unmapped: descriptors opened under an older one still use it.
+        size_t n = std::strlen(m->real_root());
+        std::memcpy(P.real_root, m->real_root(), n + 1);
+        P.real_len = n;
+        P.index_ino = st.st_ino;
+        P.map = m;
+        result = m;
+        if (owner()) {
+          update_cwd_hint();  // the real root is known now
+          find_ancestors();
+          writers_already_open(m);
+        }
+        note("using the job map of %s (%llu files)", P.root, (unsigned long long)m->size());
+      } else {
+        note("ignoring %s: %.*s; reading from the PFS", path, int(why.size()), why.data());
+        munmap(base, st.st_size);
+        delete m;
+      }
+    }
+  } else if (!result) {
+    note("no job map at %s yet; reading from the PFS", path);
+  }
+  if (fd >= 0) real::close(fd);
+  P.loading = 0;
+  return result;
+}
+
+// Descriptors of the job's copies this process inherited through exec (a
+// shell's redirection, a pass_fds): tracked like the copies they are.
+void adopt_inherited() {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return;
+  char marker[kPathMax + 16];
+  std::snprintf(marker, sizeof marker, "/%s/data/", P.job_name);
+  while (dirent* e = readdir(d)) {
+    char* end;
+    long fd = std::strtol(e->d_name, &end, 10);
+    if (*end || fd < 0 || fd == dirfd(d)) continue;
+    char link[64], target[PATH_MAX];
+    std::snprintf(link, sizeof link, "/proc/self/fd/%ld", fd);
+    ssize_t n = real::readlink(link, target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = 0;
+    if (!std::strstr(target, marker) || !current_map()) continue;  // (cheap test first)
+    track_copy(int(fd), true);
+  }
+  closedir(d);
+}
+
+void after_fork_child() {
+  P.pid = real_pid();
+  P.loading = 0;
+  t_slot = {};  // the forking thread's slot stays the parent's
+  for_each_tracked([](int, FdEntry* e) {
+    e->lock.clear();
+    e->shared = true;  // one open file, two processes: offsets move under each other
+  });
+}
+
+void after_fork_parent() {
+  for_each_tracked([](int, FdEntry* e) { e->shared = true; });
+}
+
+}  // namespace
+
+bool root_ancestor(const struct stat& st) {
+  int n = P.ancestor_count.load();
+  for (int i = 0; i < n; ++i)
+    if (P.ancestors[i].dev == uint64_t(st.st_dev) && P.ancestors[i].ino == st.st_ino) return true;
+  return false;
+}
+
+int magic_fd(const char* path) {
+  if (!path || (std::strncmp(path, "/proc/", 6) != 0 && std::strncmp(path, "/dev/", 5) != 0))
+    return -1;
+  const char* n = nullptr;
+  if (std::strncmp(path, "/proc/self/fd/", 14) == 0) {
+    n = path + 14;
+  } else if (std::strncmp(path, "/proc/thread-self/fd/", 21) == 0) {
+    n = path + 21;
+  } else if (std::strncmp(path, "/dev/fd/", 8) == 0) {
+    n = path + 8;
+  } else if (std::strcmp(path, "/dev/stdin") == 0) {
+    return 0;
+  } else if (std::strcmp(path, "/dev/stdout") == 0) {
+    return 1;
+  } else if (std::strcmp(path, "/dev/stderr") == 0) {
+    return 2;
+  } else if (std::strncmp(path, "/proc/", 6) == 0) {
+    char* end;
+    long pid = std::strtol(path + 6, &end, 10);
+    if (pid != P.pid.load() || std::strncmp(end, "/fd/", 4) != 0) return -1;
+    n = end + 4;
+  } else {
+    return -1;
+  }
+  char* end;
+  long fd = std::strtol(n, &end, 10);
+  return *n && !*end && fd >= 0 && fd < kTableLimit ? int(fd) : -1;
+}
+
+bool names_a_copy(int fd, JobMap*& m, uint32_t& file, uint32_t& tier) {
+  m = P.map.load();
+  if (!m) return false;
+  char link[64], target[PATH_MAX];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = real::readlink(link, target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = 0;
+  static constexpr char kDeleted[] = " (deleted)";
+  if (size_t(n) > sizeof kDeleted && std::strcmp(target + n - (sizeof kDeleted - 1), kDeleted) == 0)
+    target[n - (sizeof kDeleted - 1)] = 0;
+  for (uint32_t t = 0; t < m->tiers(); ++t) {
+    size_t len = std::strlen(m->tier_dir(t));
+    if (std::strncmp(target, m->tier_dir(t), len) != 0 ||
+        std::strncmp(target + len, "/data/", 6) != 0)
+      continue;
+    int64_t f = m->find(target + len + 6);
+    if (f < 0) return false;
+    file = uint32_t(f);
+    tier = t;
+    return true;
+  }
+  return false;
+}
+
+bool owner() {
+  return real_pid() == P.pid.load(std::memory_order_relaxed);
+}
+
+JobMap* current_map() {
+  JobMap* m = P.map.load(std::memory_order_acquire);
+  return m ? m : load_map();
+}
+
+void reload_map() {
+  load_map();
+}
+
+void note(const char* fmt, ...) {
+  if (!P.log) return;
+  int saved = errno;
+  char buf[512];
+  int n = std::snprintf(buf, sizeof buf, "monarch[%d]: ", int(P.pid.load()));
+  va_list ap;
+  va_start(ap, fmt);
+  n += std::vsnprintf(buf + n, sizeof buf - n, fmt, ap);
+  va_end(ap);
+  if (n > int(sizeof buf) - 2) n = sizeof buf - 2;
+  buf[n++] = '\n';
+  (void)!syscall(SYS_write, 2, buf, n);
+  errno = saved;
+}
+
+bool outside(int dirfd, const char* path) {
+  if (!P.enabled || !path || !*path) return true;
+  if (path[0] != '/')  // relative to a directory descriptor: not served
+    return dirfd != AT_FDCWD ||
+           (!P.cwd_related.load(std::memory_order_relaxed) && !std::strstr(path, ".."));
+  size_t rl = P.real_len.load(std::memory_order_relaxed);
+  if (rl && (path[1] == 'p' || path[1] == 'd') && magic_fd(path) >= 0) return false;  // a copy?
+  return !has_prefix(path, P.root, P.root_len) && !(rl && has_prefix(path, P.real_root, rl));
+}
+
+Resolved where(int dirfd, const char* path, JobMap*& m, bool any_dirfd) {
+  m = nullptr;
+  if (!P.enabled || !path || !*path) return {};
+  bool relative = path[0] != '/';
+  if (relative && dirfd != AT_FDCWD && !any_dirfd) return {};
+  if (!relative && outside(dirfd, path)) return {};
+  if (relative && dirfd == AT_FDCWD && outside(dirfd, path)) return {};
+  m = current_map();
+  if (!m) return {};
+  char cwd[PATH_MAX];
+  std::string_view base;
+  if (relative && dirfd == AT_FDCWD) {
+    if (!getcwd(cwd, sizeof cwd)) return {};
+    base = cwd;
+  } else if (relative) {
+    char link[64];
+    std::snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+    ssize_t n = real::readlink(link, cwd, sizeof cwd - 1);
+    if (n <= 0 || cwd[0] != '/') return {};
+    base = std::string_view(cwd, size_t(n));
+    if (base.ends_with(" (deleted)")) return {};
+  }
+  return resolve(*m, path, base);
+}
+
+int on_process_change(Pass<int> pass) {
+  int r = pass();
+  if (r == 0 && P.enabled && owner()) {
+    P.enabled = false;
+    note("credentials, root or namespaces changed: this process reads dataset paths from the PFS");
+  }
+  return r;
+}
+
+void on_chdir_done() {
+  if (P.enabled && owner()) update_cwd_hint();
+}
+
+bool init_process(const char* dataset, const char* job, bool log) {
+  P.pid = real_pid();
+  P.log = log;
+  if (!dataset || !*dataset || !job || !*job) return false;
+  char cwd[PATH_MAX] = "";
+  if (dataset[0] != '/' && !getcwd(cwd, sizeof cwd)) return false;
+  int n = normalize_path(cwd, dataset, P.root, sizeof P.root);
+  if (n <= 1 || std::strlen(job) >= sizeof P.job_dir) return false;
+  while (n > 1 && P.root[n - 1] == '/') P.root[--n] = 0;
+  P.root_len = n;
+  std::strcpy(P.job_dir, job);
+  const char* base = std::strrchr(job, '/');
+  std::strcpy(P.job_name, base ? base + 1 : job);
+  char sock[kPathMax + 16];
+  std::snprintf(sock, sizeof sock, "%s/%s", job, kSocketName);
+  if (std::strlen(sock) >= sizeof P.addr.sun_path) {
+    note("job directory path too long for a socket; copies are made ahead only");
+    P.addr_len = 0;
+  } else {
+    P.addr.sun_family = AF_UNIX;
+    std::strcpy(P.addr.sun_path, sock);
+    P.addr_len = socklen_t(offsetof(sockaddr_un, sun_path) + std::strlen(sock) + 1);
+  }
+  P.enabled = true;
+  update_cwd_hint();
+  return true;
+}
+
+namespace {
+
+__attribute__((constructor)) void init() {
+  real::resolve();
+  const char* log = getenv(kEnvLog);
+  if (!init_process(getenv(kEnvDataset), getenv(kEnvJobDir), log && *log && std::strcmp(log, "0")))
+    return;
+  pthread_atfork(nullptr, after_fork_parent, after_fork_child);
+  adopt_inherited();
+}
+
+}  // namespace
+}  // namespace monarch

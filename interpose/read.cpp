@@ -1,0 +1,369 @@
+// Reads of tracked descriptors (see fdtable.h for the two kinds).
+//
+// kLocal: native reads of the copy (the wrappers do 63 of 64 inline; the 64th
+// is timed here for the local read rate). Once the job has changed the file,
+// its reads are made on the PFS file at this descriptor's own offset.
+//
+// kPfs: the descriptor is the program's own PFS descriptor. Its reads are
+// served, at the call, from the bytes read whole at open, or from the copy
+// (the part already written, then the finished copy), when
+//   - the descriptor still is the dataset file in the indexed version
+//     (identity(), on the kernel's cached attributes): one open never mixes
+//     two versions, and a reused descriptor number is never served;
+//   - for read() and readv(), which move the offset: the open file is this
+//     descriptor's alone (not dup'd, not inherited by a fork or an exec), so
+//     that the offset Monarch reads and writes back cannot move in between;
+//     otherwise read() goes to the PFS, atomically, as the kernel does it.
+// A copy that has made no progress for the stall timeout (judged from the
+// copy's own progress stamp, so a stuck copy stops every reader from waiting)
+// sends this descriptor to the PFS for good. No call waits longer than that.
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "client.h"
+#include "fdtable.h"
+#include "handlers.h"
+#include "process.h"
+#include "serve.h"
+
+namespace monarch {
+namespace {
+
+// How far ahead of a copy's progress a read may start and still wait for it
+// rather than read the PFS (about 20 ms of a copy at 400 MB/s). A reader at
+// the copy's front waits: reading the same bytes from the PFS in parallel is
+// what made the original Monarch read 36-48% of the dataset twice.
+constexpr uint64_t kWaitWindow = 8 << 20;
+
+size_t total(const iovec* iov, int cnt) {
+  size_t n = 0;
+  for (int i = 0; i < cnt; ++i) n += iov[i].iov_len;
+  return n;
+}
+
+// A read made on the PFS by the caller's own call, counted.
+ssize_t read_pass(FdEntry* e, Pass<ssize_t> pass) {
+  uint64_t t0 = monotonic_ns();
+  ssize_t r = pass();
+  KeepErrno k;
+  count_read(e, Source::kPfs, r, monotonic_ns() - t0);
+  return r;
+}
+
+ssize_t read_local(FdEntry* e, Pass<ssize_t> pass) {
+  uint64_t t0 = monotonic_ns();
+  ssize_t r = pass();
+  KeepErrno k;
+  count_read(e, Source::kLocal, r, monotonic_ns() - t0 + 1);
+  return r;
+}
+
+// The position a read starts at, and, for read(), the move of the offset once
+// it is done. Holds the entry's lock for read(): threads of this process
+// sharing the descriptor number see reads one after the other.
+class Position {
+ public:
+  Position(int fd, FdEntry* e, off_t off, bool positional)
+      : fd_(fd), e_(e), positional_(positional) {
+    if (positional) {
+      pos_ = off;
+    } else {
+      // No signal handler may read this descriptor between the offset read
+      // here and the one written back: a read() is one step, as in the kernel.
+      sigset_t all;
+      sigfillset(&all);
+      for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP}) sigdelset(&all, s);
+      pthread_sigmask(SIG_BLOCK, &all, &saved_);
+      while (e->lock.test_and_set(std::memory_order_acquire)) sched_yield();
+      locked_ = true;
+      pos_ = real::lseek(fd, 0, SEEK_CUR);
+    }
+  }
+  ~Position() {
+    if (!locked_) return;
+    e_->lock.clear(std::memory_order_release);
+    pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
+  }
+  bool ok() const { return pos_ >= 0; }
+  uint64_t at() const { return uint64_t(pos_); }
+  // The read returned r bytes: a read() moves the offset past them.
+  bool advance(ssize_t r) {
+    return positional_ || r <= 0 || real::lseek(fd_, pos_ + r, SEEK_SET) >= 0;
+  }
+
+ private:
+  int fd_;
+  FdEntry* e_;
+  bool positional_, locked_ = false;
+  off_t pos_;
+  sigset_t saved_;
+};
+
+// Copies [pos, size) of `data` into the caller's vector, as far as it goes,
+// through the kernel (process_vm_writev into our own process): a bad buffer
+// is EFAULT as a read would say, never a SIGSEGV of ours. -2 when the kernel
+// refuses (the caller then reads the PFS, which answers for the buffer).
+ssize_t scatter(const char* data, uint64_t size, uint64_t pos, const iovec* iov, int cnt) {
+  if (pos >= size) return 0;
+  iovec from{const_cast<char*>(data) + pos, size - pos};
+  ssize_t r =
+      process_vm_writev(P.pid.load(std::memory_order_relaxed), &from, 1, iov, unsigned(cnt), 0);
+  return r < 0 ? -2 : r;
+}
+
+// The calls the kernel refuses before reading anything: Monarch passes them
+// through so that the kernel says why (EINVAL, EFAULT), as it would.
+bool kernel_refuses(const iovec* iov, int cnt, off_t off, bool positional) {
+  if (cnt < 0 || cnt > IOV_MAX) return true;
+  uint64_t sum = 0;
+  for (int i = 0; i < cnt; ++i) {
+    if (iov[i].iov_len > uint64_t(SSIZE_MAX) - sum) return true;
+    sum += iov[i].iov_len;
+  }
+  return positional && (off < 0 || uint64_t(off) > uint64_t(LLONG_MAX) - sum);
+}
+
+enum class Wait { kCopy, kPartial, kPfs };
+
+// Waits until [pos, end) can be read from the file's copy; kPfs when it
+// cannot in time. `tier` and `slot` say where the copy is.
+Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t& slot) {
+  JobMap* m = e->map;
+  uint64_t start = monotonic_ns(), stall = m->stall_ns();
+  for (int round = 0;; ++round) {
+    State s = m->state(e->file);
+    uint64_t now = monotonic_ns();
+    if (s.state == kCached) {
+      tier = s.tier;
+      return Wait::kCopy;
+    }
+    if (!m->stager_alive(now)) {
+      add(m, c_fb_no_stager);
+      e->gave_up = true;
+      return Wait::kPfs;
+    }
+    if (m->header().copies_off.load(std::memory_order_relaxed)) {  // the PFS is as fast
+      e->gave_up = true;
+      return Wait::kPfs;
+    }
+    bool working = s.state == kNone || s.state == kQueued || s.state == kCopying;
+    if (!working) {  // no room, failed, stale: the PFS it is
+      e->gave_up = true;
+      return Wait::kPfs;
+    }
+    // Ask once per descriptor: for a file nobody copies yet, and for a
+    // background copy, which then goes before the backlog (or resumes if paused).
+    if (!e->placed) {
+      e->placed = true;
+      if (!send(m, Request::kPlace, e->file) && s.state == kNone) {
+        e->gave_up = true;
+        return Wait::kPfs;
+      }
+    }
+    bool stuck = false;
+    if (s.state == kQueued) stuck = m->queue_stuck(coarse_age_ns(s.aux, coarse_now()), now);
+    if (s.state == kCopying) {
+      CopySlot* cs = m->copy_slot(s.aux);
+      if (!cs || cs->file.load(std::memory_order_acquire) != e->file + 1) {
+        stuck = now - start > stall;  // a word naming a slot that is not this copy's
+      } else {
+        uint64_t progress = cs->progress.load(std::memory_order_acquire);
+        if (end <= progress) {
+          tier = s.tier;
+          slot = s.aux;
+          return Wait::kPartial;
+        }
+        if (pos > progress + kWaitWindow) return Wait::kPfs;  // far ahead: cheaper to read it
+        stuck = now - cs->progress_ns.load(std::memory_order_acquire) > stall;
+      }
+    }
+    // A copy that moves is waited for; one that does not, or a request the
+    // stager does not take up, at most the stall timeout.
+    if (s.state == kNone) stuck = m->queue_stuck(now - start, now);
+    if (stuck) {
+      add(m, c_fb_wait);
+      e->gave_up = true;  // this descriptor does not wait again
+      return Wait::kPfs;
+    }
+    backoff(round);
+  }
+}
+
+// Serves the read from the copy: complete, or the part already written.
+// Returns -2 when it could not (the caller reads the PFS).
+ssize_t read_copy(FdEntry* e, Wait how, uint32_t tier, uint32_t slot, uint64_t pos,
+                  const iovec* iov, int cnt, uint64_t want) {
+  JobMap* m = e->map;
+  char path[2 * kPathMax + 64];
+  bool named = how == Wait::kCopy ? copy_path(m, e->file, tier, path, sizeof path)
+                                  : partial_path(m, e->file, tier, path, sizeof path);
+  if (!named) return -2;
+  // Opened for this call only: Monarch holds no descriptor between calls.
+  int fd = real::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -2;
+  if (how == Wait::kPartial) {  // the slot must still be this file's copy, that far
+    CopySlot* cs = m->copy_slot(slot);
+    if (!cs || cs->file.load(std::memory_order_acquire) != e->file + 1 ||
+        cs->progress.load(std::memory_order_acquire) < pos + want) {
+      real::close(fd);
+      return -2;
+    }
+  }
+  ssize_t r = want ? real::preadv(fd, iov, cnt, off_t(pos)) : 0;
+  real::close(fd);
+  if (r != ssize_t(want)) return -2;
+  e->tier = uint8_t(tier);
+  if (how == Wait::kPartial) add(m, c_partial_reads);
+  if (how == Wait::kCopy && !e->switched) {
+    e->switched = true;
+    add(m, c_switches);
+  }
+  count_read(e, Source::kLocal, r);
+  return r;
+}
+
+ssize_t read_pfs_kind(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, bool positional,
+                      Pass<ssize_t> pass) {
+  if (e->gave_up || kernel_refuses(iov, cnt, off, positional)) return read_pass(e, pass);
+  if (!positional && (e->shared || !(real::fcntl(fd, F_GETFD) & FD_CLOEXEC)))
+    return read_pass(e, pass);  // the offset may be another process's too: the kernel moves it
+  if (!identity(fd, e)) return tracked(fd) ? read_pass(e, pass) : pass();
+  JobMap* m = e->map;
+  if (m->state(e->file).state == kStale) {
+    e->gave_up = true;
+    return read_pass(e, pass);
+  }
+  size_t n = total(iov, cnt);
+  if (n == 0) return pass();
+  Position p(fd, e, off, positional);
+  if (!p.ok()) return read_pass(e, pass);
+  uint64_t size = m->entry(e->file).size;
+  uint64_t pos = p.at(), end = std::min<uint64_t>(pos + n, size), want = end > pos ? end - pos : 0;
+  ssize_t r = -2;
+  if (Whole* w = e->whole) {
+    r = scatter(w->data, w->size, pos, iov, cnt);
+    if (r >= 0) count_read(e, Source::kWhole, r);
+  } else {
+    uint32_t tier = 0, slot = 0;
+    Wait how = want ? wait_copy(e, pos, end, tier, slot) : Wait::kCopy;
+    if (how != Wait::kPfs) r = want ? read_copy(e, how, tier, slot, pos, iov, cnt, want) : 0;
+  }
+  if (r == -2) {  // the PFS, at the position this read starts at
+    uint64_t t0 = monotonic_ns();
+    r = real::preadv(fd, iov, cnt, off_t(pos));
+    KeepErrno k;
+    count_read(e, Source::kPfs, r, monotonic_ns() - t0);
+  }
+  KeepErrno k;
+  if (!p.advance(r)) return -1;
+  return r;
+}
+
+// A copy the job has since changed (or one set to O_DIRECT): read on the PFS
+// file at this descriptor's offset.
+ssize_t read_changed(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, bool positional,
+                     Pass<ssize_t> pass) {
+  if (kernel_refuses(iov, cnt, off, positional) || total(iov, cnt) == 0 || !identity(fd, e))
+    return pass();
+  int pfd = open_pfs(e, e->direct ? O_DIRECT : 0);
+  if (pfd < 0) return -1;  // never the copy's old bytes: the error of reaching the PFS file
+  Position p(fd, e, off, positional);
+  ssize_t r = -1;
+  if (p.ok()) {
+    uint64_t t0 = monotonic_ns();
+    r = real::preadv(pfd, iov, cnt, off_t(p.at()));
+    KeepErrno k;
+    count_read(e, Source::kPfs, r, monotonic_ns() - t0);
+    if (!p.advance(r)) r = -1;
+  }
+  KeepErrno k;
+  real::close(pfd);
+  return r;
+}
+
+}  // namespace
+
+ssize_t on_read(int fd, const struct iovec* iov, int cnt, off_t off, bool positional,
+                Pass<ssize_t> pass) {
+  FdEntry* e = tracked(fd);
+  if (!e || !owner()) return pass();  // a vfork child reads what the kernel gives it
+  if (e->kind.load() == kLocal) {
+    if (native_read(e)) return read_local(e, pass);
+    return read_changed(fd, e, iov, cnt, off, positional, pass);
+  }
+  return read_pfs_kind(fd, e, iov, cnt, off, positional, pass);
+}
+
+off_t on_lseek(int fd, off_t off, int whence, Pass<off_t> pass) {
+  FdEntry* e = tracked(fd);
+  if (!e || !owner()) return pass();
+  if (e->kind.load() == kPfs) {  // not while an emulated read() moves the offset
+    EntryLock lock(e);
+    return pass();
+  }
+  // Where data and holes are is the PFS file's (a copy is dense), and where
+  // the end is, once the job has changed the file.
+  bool data = whence == SEEK_DATA || whence == SEEK_HOLE;
+  if (!data && (native_read(e) || whence != SEEK_END)) return pass();
+  if (!identity(fd, e)) return pass();
+  int pfd = open_pfs(e);
+  if (pfd < 0) return -1;
+  off_t pos = real::lseek(pfd, real::lseek(fd, 0, SEEK_CUR), SEEK_SET);
+  pos = pos < 0 ? pos : real::lseek(pfd, off, whence);
+  if (pos >= 0) pos = real::lseek(fd, pos, SEEK_SET);
+  KeepErrno k;
+  real::close(pfd);
+  return pos;
+}
+
+void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pass<void*> pass) {
+  FdEntry* e = tracked(fd);
+  if (!e || !owner()) return pass();
+  JobMap* m = e->map;
+  void* p = MAP_FAILED;
+  bool done = false;
+  if (e->kind.load() == kLocal && !native_read(e) && identity(fd, e)) {
+    int pfd = open_pfs(e, e->direct ? O_DIRECT : 0);  // a changed copy: map the PFS file
+    p = pfd >= 0 ? real::mmap(addr, len, prot, flags, pfd, off) : MAP_FAILED;
+    KeepErrno k;
+    if (pfd >= 0) real::close(pfd);
+    done = true;
+  } else if (e->kind.load() == kPfs && !e->gave_up) {
+    State s = m->state(e->file);
+    if (s.state == kCached && identity(fd, e)) {  // the finished copy, same version
+      char path[2 * kPathMax + 64];
+      int cfd = copy_path(m, e->file, s.tier, path, sizeof path)
+                    ? real::open(path, O_RDONLY | O_CLOEXEC)
+                    : -1;
+      if (cfd >= 0) {
+        p = real::mmap(addr, len, prot, flags, cfd, off);
+        KeepErrno k;
+        real::close(cfd);
+        done = p != MAP_FAILED;
+        if (done) e->tier = uint8_t(s.tier);
+      }
+    } else if (s.state == kNone && !e->placed) {
+      e->placed = true;
+      send(m, Request::kPlace, e->file);
+    }
+  }
+  if (!done) p = pass();
+  if (p != MAP_FAILED && tracked(fd)) {
+    KeepErrno k;
+    add(m, c_mmaps);
+    // Pages are read later, unseen: the mapped length stands for the bytes read.
+    uint64_t n = std::min<uint64_t>(len, m->entry(e->file).size);
+    bool local = (e->kind.load() == kLocal && native_read(e)) || (e->kind.load() == kPfs && done);
+    add(m, local ? c_tier_bytes + e->tier : c_pfs_served_bytes, n);
+  }
+  return p;
+}
+
+}  // namespace monarch

@@ -1,0 +1,225 @@
+// The interposition library's handlers, called in-process with a job map built
+// in the test: no LD_PRELOAD, no stager. `pass` is the real call.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "client.h"
+#include "fdtable.h"
+#include "handlers.h"
+#include "index.h"
+#include "paths.h"
+#include "process.h"
+
+namespace monarch {
+namespace {
+namespace fs = std::filesystem;
+
+void write(const fs::path& p, const std::string& bytes) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << bytes;
+}
+
+// A dataset, look-alikes outside it, a tier, and the job map the stager would publish.
+class Handlers : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char name[] = "/tmp/monarch-handlers-XXXXXX";
+    top = mkdtemp(name);
+    ds = top / "ds";
+    write(ds / "a.bin", "dataset a");
+    write(ds / "b.bin", "dataset b!");
+    write(ds / "sub/c.bin", "dataset c");
+    write(top / "out/dir/x", "");
+    write(top / "out/a.bin", "OUTSIDE a");
+    fs::create_directory_symlink("../out/dir", ds / "linkdir");
+    fs::create_directory_symlink(ds / "sub",
+                                 top / "alias");  // a link from outside into the dataset
+    job = top / "tier/monarch-t";
+    fs::create_directories(job / "data");
+    IndexOptions o{.root = ds.string(),
+                   .out_path = (job / "index").string(),
+                   .tier_dirs = {job.string()},
+                   .small_file_max = 1 << 20,
+                   .stall_ns = 200'000'000,
+                   .generation = 7};
+    IndexStats stats;
+    mapped = build_index(o, stats, [](JobMap&) {});
+    m = &mapped.map();
+    real::resolve();
+    P.map = nullptr;
+    P.real_len = 0;
+    P.next_load_ns = 0;  // each test publishes a new map: load it now
+    ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
+    ASSERT_EQ(current_map()->size(), 3u);
+    m = current_map();  // the library's own view
+  }
+  void TearDown() override {
+    for_each_tracked([](int, FdEntry* e) { untrack(e); });
+    P.enabled = false;
+    P.map = nullptr;
+    fs::remove_all(top);
+  }
+
+  // Marks `rel` cached on tier 0 with a copy holding `bytes`.
+  void cache(const std::string& rel, const std::string& bytes) {
+    write(job / "data" / rel, bytes);
+    m->entry(uint32_t(m->find(rel))).state = make_state(kCached, 0);
+  }
+
+  Resolved at(const std::string& path, const std::string& cwd = "") {
+    return resolve(*m, path, cwd);
+  }
+  uint32_t id(const std::string& rel) { return uint32_t(m->find(rel)); }
+
+  int open_(const std::string& path, int flags = O_RDONLY) {
+    auto fn = [&] { return real::open(path.c_str(), flags); };
+    return on_open(AT_FDCWD, path.c_str(), flags, 0, Pass<int>(fn));
+  }
+  std::string read_all(int fd) {
+    std::string s(100, 0);
+    auto fn = [&]() -> ssize_t { return real::read(fd, s.data(), s.size()); };
+    ssize_t n = on_read(fd, s.data(), s.size(), 0, false, Pass<ssize_t>(fn));
+    s.resize(n < 0 ? 0 : size_t(n));
+    return s;
+  }
+
+  fs::path top, ds, job;
+  MappedMap mapped;
+  JobMap* m = nullptr;
+};
+
+TEST_F(Handlers, PathsResolveAsTheKernelDoes) {
+  std::string d = ds.string();
+  EXPECT_EQ(at(d + "/a.bin").where, Where::kFile);
+  EXPECT_EQ(at(d + "/a.bin").id, id("a.bin"));
+  EXPECT_EQ(at(d + "//sub/./c.bin").id, id("sub/c.bin"));
+  EXPECT_EQ(at(d + "/sub/../a.bin").id, id("a.bin"));  // sub is a real, indexed directory
+  EXPECT_EQ(at(d).where, Where::kDir);
+  EXPECT_EQ(at(d + "/sub/").where, Where::kDir);
+  // What the kernel refuses or resolves elsewhere is never a dataset file:
+  EXPECT_EQ(at(d + "/a.bin/.").where, Where::kUnsure);            // ENOTDIR
+  EXPECT_EQ(at(d + "/a.bin/").where, Where::kUnsure);             // ENOTDIR
+  EXPECT_EQ(at(d + "/a.bin/../b.bin").where, Where::kUnsure);     // ENOTDIR
+  EXPECT_EQ(at(d + "/nonexist/../a.bin").where, Where::kUnsure);  // ENOENT
+  EXPECT_EQ(at(d + "/linkdir/../a.bin").where, Where::kUnsure);   // out/a.bin
+  EXPECT_EQ(at(d + "/linkdir/x").where, Where::kUnsure);          // a link: the kernel follows it
+  EXPECT_EQ(at(top.string() + "/out/../ds/a.bin").where, Where::kUnsure);  // ".." after a name
+  EXPECT_EQ(at(top.string() + "/out/a.bin").where, Where::kOutside);
+  // Relative paths start in the physical current directory.
+  EXPECT_EQ(at("a.bin", d).id, id("a.bin"));
+  EXPECT_EQ(at("c.bin", d + "/sub").id, id("sub/c.bin"));
+  EXPECT_EQ(at("../a.bin", d + "/sub").id, id("a.bin"));
+  EXPECT_EQ(at("../ds/a.bin", top.string() + "/out").id, id("a.bin"));  // physical: ".." is exact
+  EXPECT_EQ(at("ds/b.bin", top.string()).id, id("b.bin"));
+  EXPECT_EQ(at("a.bin", top.string() + "/out").where, Where::kOutside);
+  EXPECT_EQ(at("a.bin", "").where, Where::kOutside);  // no current directory known
+}
+
+TEST_F(Handlers, CachedOpenIsTheCopyAndLooksLikeThePfsFile) {
+  cache("a.bin", "dataset a");
+  int fd = open_((ds / "a.bin").string());
+  ASSERT_GE(fd, 0);
+  FdEntry* e = tracked(fd);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->kind.load(), kLocal);
+  EXPECT_EQ(read_all(fd), "dataset a");
+  struct stat got, want;
+  auto fstat_ = [&] { return real::fstat(fd, &got); };
+  ASSERT_EQ(on_fstat(fd, &got, Pass<int>(fstat_)), 0);
+  ASSERT_EQ(stat((ds / "a.bin").c_str(), &want), 0);
+  EXPECT_EQ(got.st_ino, want.st_ino);  // the PFS file's, not the copy's
+  char link[64], buf[512];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  auto rl = [&]() -> ssize_t { return real::readlink(link, buf, sizeof buf); };
+  ssize_t n = on_readlink(AT_FDCWD, link, buf, sizeof buf, Pass<ssize_t>(rl));
+  EXPECT_EQ(std::string(buf, n > 0 ? size_t(n) : 0), fs::canonical(ds / "a.bin").string());
+  auto close_ = [&] { return real::close(fd); };
+  on_close(fd, Pass<int>(close_));
+  EXPECT_EQ(tracked(fd), nullptr);
+}
+
+TEST_F(Handlers, ADescriptorReusedBehindMonarchsBackIsNeverServed) {
+  cache("a.bin", "dataset a");
+  int fd = open_((ds / "a.bin").string());
+  ASSERT_GE(fd, 0);
+  ASSERT_NE(tracked(fd), nullptr);
+  syscall(SYS_close, fd);  // a raw close: no wrapper saw it
+  int other = real::open((top / "out/a.bin").c_str(), O_RDONLY);
+  ASSERT_EQ(other, fd);
+  struct stat got, want;
+  auto fstat_ = [&] { return real::fstat(other, &got); };
+  ASSERT_EQ(on_fstat(other, &got, Pass<int>(fstat_)), 0);
+  ASSERT_EQ(stat((top / "out/a.bin").c_str(), &want), 0);
+  EXPECT_EQ(got.st_ino, want.st_ino);
+  EXPECT_EQ(tracked(other), nullptr);  // the false claim is forgotten
+  real::close(other);
+}
+
+TEST_F(Handlers, UncachedOpenKeepsThePfsDescriptor) {
+  int fd = open_((ds / "b.bin").string());
+  ASSERT_GE(fd, 0);
+  ASSERT_NE(tracked(fd), nullptr);
+  EXPECT_EQ(tracked(fd)->kind.load(), kPfs);
+  struct stat got, want;
+  ASSERT_EQ(real::fstat(fd, &got), 0);
+  ASSERT_EQ(stat((ds / "b.bin").c_str(), &want), 0);
+  EXPECT_EQ(got.st_ino, want.st_ino);
+  EXPECT_EQ(read_all(fd), "dataset b!");
+  real::close(fd);
+}
+
+TEST_F(Handlers, WritesMakeTheFileStaleWhateverThePath) {
+  cache("sub/c.bin", "dataset c");
+  // Through a link from outside the dataset: the identity is what counts.
+  int fd = open_((top / "alias/c.bin").string(), O_WRONLY | O_APPEND);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(m->state(id("sub/c.bin")).state, kStale);
+  ASSERT_EQ(::write(fd, "+more", 5), 5);
+  real::close(fd);
+  struct stat st;
+  auto stat_ = [&] { return real::stat((ds / "sub/c.bin").c_str(), &st); };
+  ASSERT_EQ(on_stat(AT_FDCWD, (ds / "sub/c.bin").c_str(), &st, 0, Pass<int>(stat_)), 0);
+  EXPECT_EQ(st.st_size, 14);  // the PFS answers from now on
+  int r = open_((ds / "sub/c.bin").string());
+  EXPECT_EQ(read_all(r), "dataset c+more");
+  real::close(r);
+}
+
+TEST_F(Handlers, ErrnoIsTheKernelsOnEveryPath) {
+  struct stat st;
+  std::string missing = (ds / "sub/missing").string();
+  auto stat_ = [&] { return real::stat(missing.c_str(), &st); };
+  errno = 0;
+  EXPECT_EQ(on_stat(AT_FDCWD, missing.c_str(), &st, 0, Pass<int>(stat_)), -1);
+  EXPECT_EQ(errno, ENOENT);
+  // A file marked stale passes through, with the kernel's errno too.
+  mark_stale(m, id("a.bin"));
+  fs::remove(ds / "a.bin");
+  std::string a = (ds / "a.bin").string();
+  auto stat_a = [&] { return real::stat(a.c_str(), &st); };
+  errno = 0;
+  EXPECT_EQ(on_stat(AT_FDCWD, a.c_str(), &st, 0, Pass<int>(stat_a)), -1);
+  EXPECT_EQ(errno, ENOENT);
+}
+
+TEST_F(Handlers, ADamagedMapIsNeverTrusted) {
+  // A process of the job scribbles on the map: states and buckets out of range.
+  m->entry(id("a.bin")).state = 0xfffffff4;  // "cached" on tier 15
+  EXPECT_EQ(m->state(id("a.bin")).state, kFailed);
+  int fd = open_((ds / "a.bin").string());
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(read_all(fd), "dataset a");
+  real::close(fd);
+  mapped.map().header().file_size = 1ull << 40;
+  EXPECT_FALSE(JobMap(&mapped.map().header(), mapped.bytes()).valid());
+}
+
+}  // namespace
+}  // namespace monarch
