@@ -121,6 +121,9 @@ struct Stager {
   std::vector<int> tier_fds;
   std::vector<std::string> tier_dirs;
   std::unique_ptr<Placement> placement;
+  // Free space copies leave on the first tier: room for the map of a stager
+  // restarted during the job, written before the old map goes.
+  std::atomic<uint64_t> keep_free_first{0};
   std::atomic<uint64_t> counters[kNumStagerCounters] = {};
   MappedMap map;
   IndexStats index_stats;
@@ -238,7 +241,10 @@ struct Stager {
         tiers,
         [this](int t) {
           struct statvfs vfs;
-          return fstatvfs(tier_fds[t], &vfs) == 0 ? uint64_t(vfs.f_bavail) * vfs.f_frsize : 0;
+          uint64_t free =
+              fstatvfs(tier_fds[t], &vfs) == 0 ? uint64_t(vfs.f_bavail) * vfs.f_frsize : 0;
+          uint64_t keep = t == 0 ? keep_free_first.load() : 0;
+          return free > keep ? free - keep : 0;
         },
         /*reserve=*/0);
 
@@ -281,6 +287,12 @@ struct Stager {
     } catch (const std::runtime_error& e) {
       throw StartError(e.what(), StartError::kNode);
     }
+    // The stager's own files on the first tier count against its quota (in a
+    // job's image of the quota's size they take its room), and copies leave
+    // room for a restarted stager's map.
+    uint64_t map_bytes = map.map().header().file_size;
+    placement->adopt(0, map_bytes + kReserveBytes);
+    keep_free_first = map_bytes + (256 << 10);  // and the file system's own blocks for it
     spdlog::info(
         "indexed {} files, {} in {} directories in {:.3f} s ({} skipped, {} metadata calls); kept "
         "{} copies",
