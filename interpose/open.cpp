@@ -22,6 +22,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -143,21 +144,25 @@ void read_whole(JobMap* m, uint32_t file, int fd, FdEntry* e) {
     ok = p != MAP_FAILED;
     if (ok) data = static_cast<char*>(p);
   }
-  // Every read is counted, the last (empty) one too: the PFS served it.
+  // One request reads the bytes and finds the end: it asks one byte more than
+  // the indexed size (into `eof`), and a read of a regular file that returns
+  // less than it asked has reached the end. A second request to see the end
+  // (what `read` loops do) costs a PFS round trip a file: 2,000 ms of the
+  // issue 11 workload's 2,000 small files, a quarter of them a reader.
   uint64_t got = 0, t0 = monotonic_ns();
   while (ok) {
     char eof;
-    char* to = got < size ? data + got : &eof;
-    size_t want = got < size ? size - got : 1;
-    ssize_t r = real::pread(fd, to, want, off_t(got));
+    iovec v[2] = {{data + got, size - got}, {&eof, 1}};
+    ssize_t r =
+        got < size ? real::preadv(fd, v, 2, off_t(got)) : real::pread(fd, &eof, 1, off_t(got));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) ok = false;
     if (r < 0) break;
     add(m, c_pfs_reads);
     add(m, c_pfs_bytes, r);
-    if (r == 0) break;
     got += r;
     if (got > size) ok = false;  // grew since it was indexed
+    if (r == 0 || got >= size) break;
   }
   add(m, c_pfs_read_ns, monotonic_ns() - t0);
   if (ok && got != size) ok = false;

@@ -83,6 +83,56 @@ void writers_already_open(JobMap* m) {
   closedir(d);
 }
 
+// Whether the job directory lies on a FUSE mount, judged from
+// /proc/self/mountinfo, which never waits on a file system. A user can mount
+// one over the directory, and a daemon that never answers would hang every
+// call that looks for the map; Monarch's tiers are node-local file systems,
+// so such a directory is not Monarch's. Called under P.loading.
+bool job_dir_on_fuse() {
+  static char buf[8192];
+  int fd = real::open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  size_t have = 0, best = 0;
+  bool fuse = false;
+  for (;;) {
+    ssize_t n = real::read(fd, buf + have, sizeof buf - 1 - have);
+    if (n <= 0) break;
+    have += size_t(n);
+    buf[have] = 0;
+    char* line = buf;
+    for (char* nl; (nl = std::strchr(line, '\n')); line = nl + 1) {
+      *nl = 0;
+      // id parent major:minor root MOUNTPOINT options [optional...] - FSTYPE ...
+      char mp[kPathMax];
+      size_t m = 0;
+      const char* p = line;
+      for (int field = 0; field < 4 && p; ++field)
+        if ((p = std::strchr(p, ' '))) ++p;
+      const char* dash = p ? std::strstr(p, " - ") : nullptr;
+      if (!dash) continue;
+      for (; *p && *p != ' ' && m + 1 < sizeof mp; ++p) {
+        if (p[0] == '\\' && p[1] >= '0' && p[1] <= '7' && p[2] && p[3]) {  // \040: a space
+          mp[m++] = char((p[1] - '0') * 64 + (p[2] - '0') * 8 + (p[3] - '0'));
+          p += 3;
+        } else {
+          mp[m++] = *p;
+        }
+      }
+      mp[m] = 0;
+      bool under = std::strcmp(mp, "/") == 0 || has_prefix(P.job_dir, mp, m);
+      if (under && m >= best) {  // the deepest mount; the last of equals is on top
+        best = m;
+        fuse = std::strncmp(dash + 3, "fuse", 4) == 0;
+      }
+    }
+    have = size_t(buf + have - line);
+    std::memmove(buf, line, have);
+    if (have >= sizeof buf - 1) have = 0;  // a line longer than the buffer: skipped
+  }
+  real::close(fd);
+  return fuse;
+}
+
 JobMap* load_map() {
   uint64_t now = monotonic_ns();
   if (now < P.next_load_ns.load() || P.loading.exchange(1)) return P.map.load();
@@ -91,6 +141,12 @@ JobMap* load_map() {
   // look often: the job switches to copies within milliseconds of it. After,
   // only a restarted stager brings another: look rarely.
   P.next_load_ns = now + (result ? 500'000'000 : 5'000'000);
+  if (job_dir_on_fuse()) {
+    if (!P.fuse_noted.exchange(1))
+      note("%s is on a FUSE mount, not a node-local tier: reading from the PFS", P.job_dir);
+    P.loading = 0;
+    return result;
+  }
   char path[kPathMax + 16];
   std::snprintf(path, sizeof path, "%s/%s", P.job_dir, kIndexName);
   int fd = real::open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);

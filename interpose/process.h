@@ -31,6 +31,7 @@ struct Process {
   std::atomic<JobMap*> map;
   std::atomic<uint64_t> next_load_ns;
   std::atomic<int> loading;
+  std::atomic<int> fuse_noted;  // the job directory on FUSE was said once
   ino_t index_ino;
   sockaddr_un addr;
   socklen_t addr_len;

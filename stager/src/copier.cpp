@@ -268,15 +268,17 @@ bool Copier::next_job(Job& job) {
     bool waiting_for_readers = false;
     if (opt_.stage_ahead && !map_.header().copies_off.load(std::memory_order_relaxed)) {
       while (backlog_next_ < map_.size()) {
-        if (window_full()) {  // far enough ahead: until readers open some of it
-          waiting_for_readers = true;
+        uint32_t f = backlog_[backlog_next_];
+        uint32_t s = map_.entry(f).state.load();
+        // A file a reader read from the PFS is not ahead: the job reads it.
+        bool demanded = aux_of(s) & kTouched;
+        if (state_of(s) == kNone && !demanded && !window_room(map_.entry(f).size)) {
+          waiting_for_readers = true;  // far enough ahead: until readers open some of it
           break;
         }
-        uint32_t f = backlog_[backlog_next_++];
-        uint32_t s = map_.entry(f).state.load();
+        backlog_next_++;
         if (state_of(s) == kNone && set_state(f, s, make_state(kQueued, 0, coarse_now()))) {
-          // A file a reader read from the PFS is not ahead: the job reads it.
-          job = Job{.file = f, .ahead = !(aux_of(s) & kTouched)};
+          job = Job{.file = f, .ahead = !demanded};
           if (job.ahead) ahead_bytes_ += map_.entry(f).size;
           running_++;
           return true;
@@ -296,9 +298,10 @@ bool Copier::next_job(Job& job) {
   }
 }
 
-bool Copier::window_full() const {
+bool Copier::window_room(uint64_t size) const {
   uint64_t touched = map_.header().ahead_touched.load(std::memory_order_relaxed);
-  return ahead_bytes_ > touched && ahead_bytes_ - touched >= opt_.ahead_window;
+  uint64_t unread = ahead_bytes_ > touched ? ahead_bytes_ - touched : 0;
+  return size <= opt_.ahead_window && unread + size <= opt_.ahead_window;
 }
 
 std::string Copier::tmp_name(uint32_t file) const {

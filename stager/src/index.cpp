@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <tbb/enumerable_thread_specific.h>
+#include <tbb/global_control.h>
 #include <tbb/parallel_for_each.h>
 #include <tbb/parallel_sort.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +20,11 @@
 
 namespace monarch {
 namespace {
+
+// Metadata calls the walk keeps in flight. Measured on the emulated PFS (200 us
+// per stat, 128,000 files in 100 directories, 2 cores): 2 threads 27.8 s,
+// 8 threads 6.3 s, 32 threads 6.1 s (then bound by the CPU).
+constexpr int kWalkThreads = 16;
 
 struct Rec {
   std::string rel;
@@ -144,9 +151,18 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
 
   WalkState w(opt.index_rate);
   std::vector<std::string> top{""};
-  tbb::parallel_for_each(top.begin(), top.end(), [&](const std::string& rel, auto& feeder) {
-    walk_dir(root_fd, rel, w, feeder);
-  });
+  {
+    // The walk waits on the metadata server, not on the CPU: kWalkThreads
+    // calls in flight whatever the core count (oneTBB's default is one
+    // thread a core, so tbb::global_control lifts its limit for the walk).
+    tbb::global_control allow(tbb::global_control::max_allowed_parallelism, kWalkThreads);
+    tbb::task_arena arena(kWalkThreads);
+    arena.execute([&] {
+      tbb::parallel_for_each(top.begin(), top.end(), [&](const std::string& rel, auto& feeder) {
+        walk_dir(root_fd, rel, w, feeder);
+      });
+    });
+  }
   close(root_fd);
 
   std::vector<Rec> files;
