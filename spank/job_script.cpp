@@ -51,6 +51,7 @@ struct JobEnd {
   bool any_record = false;          // on any tier
   std::vector<std::string> cgroups;
   std::vector<Fd> images;  // released images, still held, for the purge to let go
+  std::vector<Fd> held;    // the job's records, held until its spaces are released
 };
 
 // Where the report goes: --monarch-report, else the site's report_dir, else
@@ -72,6 +73,7 @@ void find_records(JobEnd& end) {
       if (!tier.has_state()) continue;
       std::optional<JobRecord> r = read_record(tier.jobs.get(), end.key);
       end.any_record |= bool(r);
+      if (r) end.held.push_back(hold_record(tier.jobs.get(), end.key));
       if (i == 0 && r) {
         end.record = r;
         end.cgroups = read_cgroup_record(tier.jobs.get(), end.key);
@@ -206,6 +208,7 @@ int job_epilog(spank_t sp) {
   write_report(end);
   end_cgroups(end);
   release_spaces(end);
+  end.held.clear();
   sweep(end.config, end.key, end.images);
   purge_tiers(end.config, end.images);
   char took[32];

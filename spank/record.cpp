@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -142,6 +143,17 @@ std::vector<std::string> record_keys(int jobs_fd, size_t limit) {
   }
   closedir(d);
   return keys;
+}
+
+Fd hold_record(int jobs_fd, const std::string& key) {
+  Fd fd(openat(jobs_fd, key.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() >= 0 && flock(fd.get(), LOCK_SH | LOCK_NB) != 0) return Fd(-1);
+  return fd;
+}
+
+bool record_held(int jobs_fd, const std::string& key) {
+  Fd fd(openat(jobs_fd, key.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  return fd.get() >= 0 && flock(fd.get(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
 }
 
 void remove_record(int jobs_fd, const std::string& key) {

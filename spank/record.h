@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "config.h"
+#include "fd.h"
 
 namespace monarch::spank {
 
@@ -43,6 +44,14 @@ std::optional<JobRecord> read_record(int jobs_fd, const std::string& key);
 
 // The keys of every record, at most `limit` of them.
 std::vector<std::string> record_keys(int jobs_fd, size_t limit);
+
+// The job's end holds its record (a shared lock on the file) from before it
+// stops the stager until its space is released: a sweep run meanwhile by
+// another job's end (several slurmd on one machine share the tiers) leaves
+// the record to it. Fd(-1) when there is no record.
+Fd hold_record(int jobs_fd, const std::string& key);
+// Whether a job's end holds the record of `key` now.
+bool record_held(int jobs_fd, const std::string& key);
 
 // Removes the record and its cgroup list.
 void remove_record(int jobs_fd, const std::string& key);
