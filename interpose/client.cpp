@@ -108,8 +108,16 @@ void mark_stale_inode(JobMap* m, const struct stat& st, Change change) {
       mark_stale_dir(m, uint32_t(d), Change::kNames);
     return;
   }
-  int64_t f = m->find_inode(st.st_dev, st.st_ino);
-  if (f >= 0) mark_stale(m, uint32_t(f), change);
+  m->for_each_inode(st.st_dev, st.st_ino, [&](uint32_t f) { mark_stale(m, f, change); });
+}
+
+void touch(JobMap* m, uint32_t file) {
+  std::atomic<uint32_t>& w = m->entry(file).state;
+  uint32_t old = w.load(std::memory_order_relaxed);
+  bool ahead = state_of(old) == kCached && (aux_of(old) & kAhead);
+  if (!(ahead || state_of(old) == kNone) || (aux_of(old) & kTouched)) return;
+  if (w.compare_exchange_strong(old, old | (kTouched << 8)))
+    m->header().ahead_touched.fetch_add(m->entry(file).size, std::memory_order_relaxed);
 }
 
 bool claim(JobMap* m, uint32_t file, uint32_t& word) {

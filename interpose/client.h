@@ -31,6 +31,10 @@ void mark_stale_dir(JobMap* m, uint32_t dir, Change change);
 // The file or directory with this identity, if it is in the dataset.
 void mark_stale_inode(JobMap* m, const struct stat& st, Change change = Change::kBytes);
 
+// A reader opened the copy of `file`: if stage-ahead made it, it is counted
+// as read, which lets stage-ahead go further (Header::ahead_touched).
+void touch(JobMap* m, uint32_t file);
+
 // Claims a small file to read it whole (kNone -> kClaimed, stamped now).
 bool claim(JobMap* m, uint32_t file, uint32_t& word);
 // Gives a claim back (the read failed): the file is free to copy.

@@ -69,6 +69,21 @@ int on_dup2(int oldfd, int newfd, Pass<int> pass) {
 }
 
 int on_fcntl(int fd, int cmd, void* arg, Pass<int> pass) {
+  // O_NOATIME and leases are allowed by who owns the file: the copy is the
+  // user's, the PFS file may not be. The PFS file says yes or no first.
+  long a = reinterpret_cast<long>(arg);
+  FdEntry* e = tracked(fd);
+  if (e && e->kind.load() == kLocal &&
+      ((cmd == F_SETFL && (a & O_NOATIME)) || (cmd == F_SETLEASE && a != F_UNLCK)) && owner() &&
+      identity(fd, e)) {
+    int pfd = open_pfs(e);
+    if (pfd < 0) return -1;
+    int r = real::fcntl(pfd, cmd, arg);
+    KeepErrno k;
+    if (r == 0 && cmd == F_SETLEASE) real::fcntl(pfd, F_SETLEASE, F_UNLCK);
+    real::close(pfd);
+    if (r < 0) return r;
+  }
   int r = pass();
   if (r < 0 || !owner()) return r;
   KeepErrno k;

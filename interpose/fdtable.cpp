@@ -13,7 +13,7 @@ namespace monarch {
 
 std::atomic<FdEntry*> g_chunks[kChunks];
 __thread ThreadSlot t_slot __attribute__((tls_model("initial-exec")));
-__thread int t_depth __attribute__((tls_model("initial-exec"))) = 0;
+__thread uintptr_t t_entered __attribute__((tls_model("initial-exec"))) = 0;
 
 FdEntry* slot_for(int fd) {
   if (unsigned(fd) >= unsigned(kTableLimit)) return nullptr;
@@ -33,13 +33,33 @@ FdEntry* slot_for(int fd) {
 }
 
 namespace {
+// Bytes read whole are given back a second after their last descriptor goes:
+// another thread may still be inside a read of them (a close racing a read
+// is the program's business; a crash would be ours).
+void retire(Whole* w) {
+  static std::atomic_flag lock = ATOMIC_FLAG_INIT;
+  static struct {
+    Whole* w;
+    uint64_t at;
+  } ring[64];
+  static unsigned next = 0;
+  uint64_t now = monotonic_ns();
+  while (lock.test_and_set(std::memory_order_acquire)) sched_yield();
+  for (auto& r : ring)
+    if (r.w && (now - r.at > 1'000'000'000 || &r == &ring[next % 64])) {
+      munmap(r.w->data, r.w->size ? r.w->size : 1);
+      delete r.w;
+      r.w = nullptr;
+    }
+  ring[next % 64] = {w, now};
+  next++;
+  lock.clear(std::memory_order_release);
+}
+
 void drop_whole(FdEntry* e) {
   Whole* w = e->whole;
   e->whole = nullptr;
-  if (w && w->refs.fetch_sub(1) == 1) {
-    munmap(w->data, w->size ? w->size : 1);
-    delete w;
-  }
+  if (w && w->refs.fetch_sub(1) == 1) retire(w);
 }
 }  // namespace
 
@@ -57,6 +77,21 @@ FdEntry* track(int fd, JobMap* m, uint32_t file, Kind kind) {
   e->dev = e->ino = 0;
   e->whole = nullptr;
   e->kind.store(kind, std::memory_order_release);
+  return e;
+}
+
+FdEntry* track_copy(int fd, bool shared) {
+  JobMap* m;
+  uint32_t file, tier;
+  struct stat st;
+  if (!names_a_copy(fd, m, file, tier) || real::fstat(fd, &st) != 0) return nullptr;
+  FdEntry* e = track(fd, m, file, kLocal);
+  if (!e) return nullptr;
+  e->tier = uint8_t(tier);
+  e->dev = st.st_dev;
+  e->ino = st.st_ino;
+  e->shared = shared;
+  e->direct = real::fcntl(fd, F_GETFL) & O_DIRECT;
   return e;
 }
 

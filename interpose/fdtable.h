@@ -82,6 +82,9 @@ inline bool native_read(const FdEntry* e) {
 FdEntry* slot_for(int fd);
 // Starts tracking `fd` (replacing whatever the entry said).
 FdEntry* track(int fd, JobMap* m, uint32_t file, Kind kind);
+// Tracks `fd` as a descriptor of a local copy if the kernel names it one of
+// the job's copies (opened through /proc/self/fd/N, inherited through exec...).
+FdEntry* track_copy(int fd, bool shared);
 // Forgets `fd`'s entry, if any.
 void untrack(int fd);
 void untrack(FdEntry* e);

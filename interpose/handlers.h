@@ -6,10 +6,13 @@
 #pragma once
 
 #include <fcntl.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+
+#include <cstdint>
 
 namespace monarch {
 
@@ -85,6 +88,11 @@ int on_fcntl(int fd, int cmd, void* arg, Pass<int> pass);
 int on_close_range(unsigned first, unsigned last, int flags, Pass<int> pass);
 void on_closefrom(int lowfd, Pass<void> pass);
 int on_chdir(Pass<int> pass);
+// A posix_spawn file action that will open `path`: for writing, its file is stale.
+int on_spawn_open(const char* path, int flags, Pass<int> pass);
+
+// ---- the process (process.cpp) ----
+int on_process_change(Pass<int> pass);
 
 // struct stat64 is struct stat on the 64-bit targets Monarch supports.
 static_assert(sizeof(struct stat) == sizeof(struct stat64));
@@ -95,16 +103,20 @@ inline int on_fstat(int fd, struct stat64* st, Pass<int> pass) {
   return on_fstat(fd, reinterpret_cast<struct stat*>(st), pass);
 }
 
-// Reentrancy: calls made while Monarch is already working in this thread go
-// straight to the real functions (our own opens, a logger's writes...).
-extern __thread int t_depth __attribute__((tls_model("initial-exec")));
-inline bool enter() {
-  if (t_depth) return false;
-  t_depth = 1;
+// Reentrancy: calls made while Monarch is already working in this thread (our
+// own opens, a signal handler that interrupted a wrapper) go straight to the
+// real functions. The guard is the stack address of the call that entered: a
+// call deeper on the stack is nested; one shallower means the entered call was
+// left without returning (siglongjmp out of a signal handler), and the guard
+// is taken again instead of staying set for good.
+extern __thread uintptr_t t_entered __attribute__((tls_model("initial-exec")));
+inline bool enter(uintptr_t frame) {
+  if (t_entered && frame < t_entered) return false;
+  t_entered = frame;
   return true;
 }
 inline void leave() {
-  t_depth = 0;
+  t_entered = 0;
 }
 
 }  // namespace monarch

@@ -32,31 +32,11 @@ FdEntry* local_copy(int fd) {
   return e;
 }
 
-// The descriptor number in "/proc/self/fd/N", "/proc/<own pid>/fd/N" or
-// "/dev/fd/N", or -1.
-int proc_fd(const char* path) {
-  const char* n = nullptr;
-  if (std::strncmp(path, "/proc/self/fd/", 14) == 0) {
-    n = path + 14;
-  } else if (std::strncmp(path, "/dev/fd/", 8) == 0) {
-    n = path + 8;
-  } else if (std::strncmp(path, "/proc/", 6) == 0) {
-    char* end;
-    long pid = std::strtol(path + 6, &end, 10);
-    if (pid != P.pid.load() || std::strncmp(end, "/fd/", 4) != 0) return -1;
-    n = end + 4;
-  } else {
-    return -1;
-  }
-  char* end;
-  long fd = std::strtol(n, &end, 10);
-  return *n && !*end && fd >= 0 && fd < kTableLimit ? int(fd) : -1;
-}
-
 }  // namespace
 
 int on_stat(int dirfd, const char* path, struct stat* st, int flags, Pass<int> pass) {
-  if ((flags & AT_EMPTY_PATH) && path && !*path) return on_fstat(dirfd, st, pass);
+  if ((flags & AT_EMPTY_PATH) && (!path || !*path)) return on_fstat(dirfd, st, pass);
+  if (int n = magic_fd(path); n >= 0 && local_copy(n)) return on_fstat(n, st, pass);
   if (flags & ~(AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT) || !owner()) return pass();
   JobMap* m;
   Resolved r = where(dirfd, path, m);
@@ -74,9 +54,10 @@ int on_fstat(int fd, struct stat* st, Pass<int> pass) {
   if (!e) return pass();
   JobMap* m = e->map;
   uint32_t w = m->entry(e->file).state.load(std::memory_order_relaxed);
-  bool unchanged = state_of(w) != kStale;
-  if ((unchanged || (aux_of(w) & kNamesOnly)) && m->consistency() == 0 &&
-      m->fill_stat(e->file, st)) {
+  bool unchanged = state_of(w) != kStale, renamed = !unchanged && (aux_of(w) & kNamesOnly);
+  // The copy was opened from the version the index holds (under consistency =
+  // open too): the index describes it, even once its name has moved.
+  if ((renamed || unchanged) && m->fill_stat(e->file, st)) {
     add(m, c_stat_index);
     return 0;
   }
@@ -89,7 +70,12 @@ int on_fstat(int fd, struct stat* st, Pass<int> pass) {
 
 int on_statx(int fd, const char* path, int flags, unsigned mask, struct statx* stx, Pass<int> pass,
              PassFd<int> on_fd) {
-  if (!(flags & AT_EMPTY_PATH) || !path || *path) return pass();
+  if ((flags & AT_EMPTY_PATH) && (!path || !*path)) {
+  } else if (int n = magic_fd(path); n >= 0) {  // /proc/self/fd/N: the descriptor itself
+    fd = n;
+  } else {
+    return pass();
+  }
   FdEntry* e = local_copy(fd);
   if (!e) return pass();
   int pfd = open_pfs(e);
@@ -101,7 +87,7 @@ int on_statx(int fd, const char* path, int flags, unsigned mask, struct statx* s
 }
 
 ssize_t on_readlink(int dirfd, const char* path, char* buf, size_t size, Pass<ssize_t> pass) {
-  int fd = path ? proc_fd(path) : -1;
+  int fd = magic_fd(path);
   FdEntry* e = fd >= 0 && size > 0 ? local_copy(fd) : nullptr;
   if (!e) return pass();
   // The kernel names the PFS file by its real path.

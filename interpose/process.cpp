@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "client.h"
 #include "fdtable.h"
 #include "handlers.h"
 
@@ -45,11 +46,107 @@ void update_cwd_hint() {
   P.cwd_related = related || !rl;
 }
 
+void find_ancestors() {
+  int n = 0;
+  for (const char* root : {P.root, P.real_root}) {
+    size_t len = std::strlen(root);
+    char prefix[kPathMax];
+    for (size_t i = 1; i <= len && n < Process::kAncestors - 1; ++i) {
+      if (i < len && root[i] != '/') continue;
+      std::memcpy(prefix, root, i);
+      prefix[i] = 0;
+      struct stat st;
+      if (real::lstat(prefix, &st) != 0) continue;
+      P.ancestors[n++] = {uint64_t(st.st_dev), st.st_ino};
+      if (S_ISLNK(st.st_mode) && real::stat(prefix, &st) == 0 && n < Process::kAncestors)
+        P.ancestors[n++] = {uint64_t(st.st_dev), st.st_ino};
+    }
+  }
+  P.ancestor_count = n;
+}
+
+// Descriptors this process opened for writing before the map was published
+// (a shell's "exec 3<>file" at the job's start): their files are stale.
+void writers_already_open(JobMap* m) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    char* end;
+    long fd = std::strtol(e->d_name, &end, 10);
+    if (*end || fd < 0 || fd == dirfd(d)) continue;
+    int fl = real::fcntl(int(fd), F_GETFL);
+    struct stat st;
+    if (fl >= 0 && (fl & O_ACCMODE) != O_RDONLY && real::fstat(int(fd), &st) == 0 &&
+        S_ISREG(st.st_mode))
+      mark_stale_inode(m, st);
+  }
+  closedir(d);
+}
+
+// Whether the job directory lies on a FUSE mount, judged from
+// /proc/self/mountinfo, which never waits on a file system. A user can mount
+// one over the directory, and a daemon that never answers would hang every
+// call that looks for the map; Monarch's tiers are node-local file systems,
+// so such a directory is not Monarch's. Called under P.loading.
+bool job_dir_on_fuse() {
+  static char buf[8192];
+  int fd = real::open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  size_t have = 0, best = 0;
+  bool fuse = false;
+  for (;;) {
+    ssize_t n = real::read(fd, buf + have, sizeof buf - 1 - have);
+    if (n <= 0) break;
+    have += size_t(n);
+    buf[have] = 0;
+    char* line = buf;
+    for (char* nl; (nl = std::strchr(line, '\n')); line = nl + 1) {
+      *nl = 0;
+      // id parent major:minor root MOUNTPOINT options [optional...] - FSTYPE ...
+      char mp[kPathMax];
+      size_t m = 0;
+      const char* p = line;
+      for (int field = 0; field < 4 && p; ++field)
+        if ((p = std::strchr(p, ' '))) ++p;
+      const char* dash = p ? std::strstr(p, " - ") : nullptr;
+      if (!dash) continue;
+      for (; *p && *p != ' ' && m + 1 < sizeof mp; ++p) {
+        if (p[0] == '\\' && p[1] >= '0' && p[1] <= '7' && p[2] && p[3]) {  // \040: a space
+          mp[m++] = char((p[1] - '0') * 64 + (p[2] - '0') * 8 + (p[3] - '0'));
+          p += 3;
+        } else {
+          mp[m++] = *p;
+        }
+      }
+      mp[m] = 0;
+      bool under = std::strcmp(mp, "/") == 0 || has_prefix(P.job_dir, mp, m);
+      if (under && m >= best) {  // the deepest mount; the last of equals is on top
+        best = m;
+        fuse = std::strncmp(dash + 3, "fuse", 4) == 0;
+      }
+    }
+    have = size_t(buf + have - line);
+    std::memmove(buf, line, have);
+    if (have >= sizeof buf - 1) have = 0;  // a line longer than the buffer: skipped
+  }
+  real::close(fd);
+  return fuse;
+}
+
 JobMap* load_map() {
   uint64_t now = monotonic_ns();
   if (now < P.next_load_ns.load() || P.loading.exchange(1)) return P.map.load();
-  P.next_load_ns = now + 500'000'000;
   JobMap* result = P.map.load();
+  // Until the first map is there (the stager indexes while the job starts),
+  // look often: the job switches to copies within milliseconds of it. After,
+  // only a restarted stager brings another: look rarely.
+  P.next_load_ns = now + (result ? 500'000'000 : 5'000'000);
+  if (job_dir_on_fuse()) {
+    if (!P.fuse_noted.exchange(1))
+      note("%s is on a FUSE mount, not a node-local tier: reading from the PFS", P.job_dir);
+    P.loading = 0;
+    return result;
+  }
   char path[kPathMax + 16];
   std::snprintf(path, sizeof path, "%s/%s", P.job_dir, kIndexName);
   int fd = real::open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
@@ -69,7 +166,11 @@ JobMap* load_map() {
         P.index_ino = st.st_ino;
         P.map = m;
         result = m;
-        if (owner()) update_cwd_hint();  // the real root is known now
+        if (owner()) {
+          update_cwd_hint();  // the real root is known now
+          find_ancestors();
+          writers_already_open(m);
+        }
         note("using the job map of %s (%llu files)", P.root, (unsigned long long)m->size());
       } else {
         note("ignoring %s: %.*s; reading from the PFS", path, int(why.size()), why.data());
@@ -90,44 +191,19 @@ JobMap* load_map() {
 void adopt_inherited() {
   DIR* d = opendir("/proc/self/fd");
   if (!d) return;
-  int self = dirfd(d);
   char marker[kPathMax + 16];
   std::snprintf(marker, sizeof marker, "/%s/data/", P.job_name);
   while (dirent* e = readdir(d)) {
     char* end;
     long fd = std::strtol(e->d_name, &end, 10);
-    if (*end || fd < 0 || fd == self) continue;
+    if (*end || fd < 0 || fd == dirfd(d)) continue;
     char link[64], target[PATH_MAX];
     std::snprintf(link, sizeof link, "/proc/self/fd/%ld", fd);
     ssize_t n = real::readlink(link, target, sizeof target - 1);
     if (n <= 0) continue;
     target[n] = 0;
-    // A copy the stager deleted since (the job changed its file) is still one.
-    static constexpr char kDeleted[] = " (deleted)";
-    if (size_t(n) > sizeof kDeleted &&
-        std::strcmp(target + n - (sizeof kDeleted - 1), kDeleted) == 0)
-      target[n - (sizeof kDeleted - 1)] = 0;
-    const char* at = std::strstr(target, marker);
-    if (!at) continue;
-    JobMap* m = current_map();
-    if (!m) break;
-    for (uint32_t t = 0; t < m->tiers(); ++t) {
-      size_t len = std::strlen(m->tier_dir(t));
-      if (std::strncmp(target, m->tier_dir(t), len) != 0 ||
-          std::strncmp(target + len, "/data/", 6) != 0)
-        continue;
-      int64_t file = m->find(target + len + 6);
-      struct stat st;
-      if (file < 0 || real::fstat(int(fd), &st) != 0) break;
-      if (FdEntry* fe = track(int(fd), m, uint32_t(file), kLocal)) {
-        fe->tier = uint8_t(t);
-        fe->dev = st.st_dev;
-        fe->ino = st.st_ino;
-        fe->shared = true;
-        fe->direct = real::fcntl(int(fd), F_GETFL) & O_DIRECT;
-      }
-      break;
-    }
+    if (!std::strstr(target, marker) || !current_map()) continue;  // (cheap test first)
+    track_copy(int(fd), true);
   }
   closedir(d);
 }
@@ -147,6 +223,67 @@ void after_fork_parent() {
 }
 
 }  // namespace
+
+bool root_ancestor(const struct stat& st) {
+  int n = P.ancestor_count.load();
+  for (int i = 0; i < n; ++i)
+    if (P.ancestors[i].dev == uint64_t(st.st_dev) && P.ancestors[i].ino == st.st_ino) return true;
+  return false;
+}
+
+int magic_fd(const char* path) {
+  if (!path || (std::strncmp(path, "/proc/", 6) != 0 && std::strncmp(path, "/dev/", 5) != 0))
+    return -1;
+  const char* n = nullptr;
+  if (std::strncmp(path, "/proc/self/fd/", 14) == 0) {
+    n = path + 14;
+  } else if (std::strncmp(path, "/proc/thread-self/fd/", 21) == 0) {
+    n = path + 21;
+  } else if (std::strncmp(path, "/dev/fd/", 8) == 0) {
+    n = path + 8;
+  } else if (std::strcmp(path, "/dev/stdin") == 0) {
+    return 0;
+  } else if (std::strcmp(path, "/dev/stdout") == 0) {
+    return 1;
+  } else if (std::strcmp(path, "/dev/stderr") == 0) {
+    return 2;
+  } else if (std::strncmp(path, "/proc/", 6) == 0) {
+    char* end;
+    long pid = std::strtol(path + 6, &end, 10);
+    if (pid != P.pid.load() || std::strncmp(end, "/fd/", 4) != 0) return -1;
+    n = end + 4;
+  } else {
+    return -1;
+  }
+  char* end;
+  long fd = std::strtol(n, &end, 10);
+  return *n && !*end && fd >= 0 && fd < kTableLimit ? int(fd) : -1;
+}
+
+bool names_a_copy(int fd, JobMap*& m, uint32_t& file, uint32_t& tier) {
+  m = P.map.load();
+  if (!m) return false;
+  char link[64], target[PATH_MAX];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = real::readlink(link, target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = 0;
+  static constexpr char kDeleted[] = " (deleted)";
+  if (size_t(n) > sizeof kDeleted && std::strcmp(target + n - (sizeof kDeleted - 1), kDeleted) == 0)
+    target[n - (sizeof kDeleted - 1)] = 0;
+  for (uint32_t t = 0; t < m->tiers(); ++t) {
+    size_t len = std::strlen(m->tier_dir(t));
+    if (std::strncmp(target, m->tier_dir(t), len) != 0 ||
+        std::strncmp(target + len, "/data/", 6) != 0)
+      continue;
+    int64_t f = m->find(target + len + 6);
+    if (f < 0) return false;
+    file = uint32_t(f);
+    tier = t;
+    return true;
+  }
+  return false;
+}
 
 bool owner() {
   return real_pid() == P.pid.load(std::memory_order_relaxed);
@@ -182,6 +319,7 @@ bool outside(int dirfd, const char* path) {
     return dirfd != AT_FDCWD ||
            (!P.cwd_related.load(std::memory_order_relaxed) && !std::strstr(path, ".."));
   size_t rl = P.real_len.load(std::memory_order_relaxed);
+  if (rl && (path[1] == 'p' || path[1] == 'd') && magic_fd(path) >= 0) return false;  // a copy?
   return !has_prefix(path, P.root, P.root_len) && !(rl && has_prefix(path, P.real_root, rl));
 }
 
@@ -208,6 +346,15 @@ Resolved where(int dirfd, const char* path, JobMap*& m, bool any_dirfd) {
     if (base.ends_with(" (deleted)")) return {};
   }
   return resolve(*m, path, base);
+}
+
+int on_process_change(Pass<int> pass) {
+  int r = pass();
+  if (r == 0 && P.enabled && owner()) {
+    P.enabled = false;
+    note("credentials, root or namespaces changed: this process reads dataset paths from the PFS");
+  }
+  return r;
 }
 
 void on_chdir_done() {

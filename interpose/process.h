@@ -31,12 +31,21 @@ struct Process {
   std::atomic<JobMap*> map;
   std::atomic<uint64_t> next_load_ns;
   std::atomic<int> loading;
+  std::atomic<int> fuse_noted;  // the job directory on FUSE was said once
   ino_t index_ino;
   sockaddr_un addr;
   socklen_t addr_len;
   // A hint: the current directory is in the dataset or above it. False makes
   // relative paths cost nothing; true makes them resolved with getcwd().
   std::atomic<bool> cwd_related;
+  // The directories above the dataset root (and the root), and the symbolic
+  // links its path goes through: a change to one of them moves the whole
+  // dataset (set when the map is loaded).
+  static constexpr int kAncestors = 64;
+  struct Id {
+    uint64_t dev, ino;
+  } ancestors[kAncestors];
+  std::atomic<int> ancestor_count;
 };
 extern Process P;
 
@@ -58,6 +67,19 @@ Resolved where(int dirfd, const char* path, JobMap*& m, bool any_dirfd = false);
 
 // After a successful chdir or fchdir: the current-directory hint again.
 void on_chdir_done();
+
+// Is `st` one of the directories or links the dataset root's path goes through?
+bool root_ancestor(const struct stat& st);
+
+// The descriptor number a magic name of the process's own descriptors names
+// ("/proc/self/fd/N", "/proc/thread-self/fd/N", "/proc/<own pid>/fd/N",
+// "/dev/fd/N", "/dev/stdin"...), or -1.
+int magic_fd(const char* path);
+
+// `fd` was opened through a name Monarch does not resolve (/proc/self/fd/N,
+// /dev/fd/N...): if the kernel's name for it is one of the job's copies,
+// returns its file and tier.
+bool names_a_copy(int fd, JobMap*& m, uint32_t& file, uint32_t& tier);
 
 // Sets up the library from the environment (the constructor calls it; tests
 // call it with their own values). Returns false when Monarch stays off.

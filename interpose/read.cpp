@@ -18,6 +18,8 @@
 // copy's own progress stamp, so a stuck copy stops every reader from waiting)
 // sends this descriptor to the PFS for good. No call waits longer than that.
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -73,13 +75,21 @@ class Position {
     if (positional) {
       pos_ = off;
     } else {
+      // No signal handler may read this descriptor between the offset read
+      // here and the one written back: a read() is one step, as in the kernel.
+      sigset_t all;
+      sigfillset(&all);
+      for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP}) sigdelset(&all, s);
+      pthread_sigmask(SIG_BLOCK, &all, &saved_);
       while (e->lock.test_and_set(std::memory_order_acquire)) sched_yield();
       locked_ = true;
       pos_ = real::lseek(fd, 0, SEEK_CUR);
     }
   }
   ~Position() {
-    if (locked_) e_->lock.clear(std::memory_order_release);
+    if (!locked_) return;
+    e_->lock.clear(std::memory_order_release);
+    pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
   }
   bool ok() const { return pos_ >= 0; }
   uint64_t at() const { return uint64_t(pos_); }
@@ -93,19 +103,31 @@ class Position {
   FdEntry* e_;
   bool positional_, locked_ = false;
   off_t pos_;
+  sigset_t saved_;
 };
 
-// Copies [pos, pos + len) of `data` into the vector; returns the count.
+// Copies [pos, size) of `data` into the caller's vector, as far as it goes,
+// through the kernel (process_vm_writev into our own process): a bad buffer
+// is EFAULT as a read would say, never a SIGSEGV of ours. -2 when the kernel
+// refuses (the caller then reads the PFS, which answers for the buffer).
 ssize_t scatter(const char* data, uint64_t size, uint64_t pos, const iovec* iov, int cnt) {
   if (pos >= size) return 0;
-  uint64_t left = size - pos, done = 0;
-  for (int i = 0; i < cnt && left; ++i) {
-    size_t n = std::min<uint64_t>(iov[i].iov_len, left);
-    std::memcpy(iov[i].iov_base, data + pos + done, n);
-    done += n;
-    left -= n;
+  iovec from{const_cast<char*>(data) + pos, size - pos};
+  ssize_t r =
+      process_vm_writev(P.pid.load(std::memory_order_relaxed), &from, 1, iov, unsigned(cnt), 0);
+  return r < 0 ? -2 : r;
+}
+
+// The calls the kernel refuses before reading anything: Monarch passes them
+// through so that the kernel says why (EINVAL, EFAULT), as it would.
+bool kernel_refuses(const iovec* iov, int cnt, off_t off, bool positional) {
+  if (cnt < 0 || cnt > IOV_MAX) return true;
+  uint64_t sum = 0;
+  for (int i = 0; i < cnt; ++i) {
+    if (iov[i].iov_len > uint64_t(SSIZE_MAX) - sum) return true;
+    sum += iov[i].iov_len;
   }
-  return ssize_t(done);
+  return positional && (off < 0 || uint64_t(off) > uint64_t(LLONG_MAX) - sum);
 }
 
 enum class Wait { kCopy, kPartial, kPfs };
@@ -127,6 +149,10 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
       e->gave_up = true;
       return Wait::kPfs;
     }
+    if (m->header().copies_off.load(std::memory_order_relaxed)) {  // the PFS is as fast
+      e->gave_up = true;
+      return Wait::kPfs;
+    }
     bool working = s.state == kNone || s.state == kQueued || s.state == kCopying;
     if (!working) {  // no room, failed, stale: the PFS it is
       e->gave_up = true;
@@ -145,7 +171,9 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
     if (s.state == kQueued) stuck = m->queue_stuck(coarse_age_ns(s.aux, coarse_now()), now);
     if (s.state == kCopying) {
       CopySlot* cs = m->copy_slot(s.aux);
-      if (cs && cs->file.load(std::memory_order_acquire) == e->file + 1) {
+      if (!cs || cs->file.load(std::memory_order_acquire) != e->file + 1) {
+        stuck = now - start > stall;  // a word naming a slot that is not this copy's
+      } else {
         uint64_t progress = cs->progress.load(std::memory_order_acquire);
         if (end <= progress) {
           tier = s.tier;
@@ -203,7 +231,7 @@ ssize_t read_copy(FdEntry* e, Wait how, uint32_t tier, uint32_t slot, uint64_t p
 
 ssize_t read_pfs_kind(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, bool positional,
                       Pass<ssize_t> pass) {
-  if (e->gave_up || (positional && off < 0)) return read_pass(e, pass);
+  if (e->gave_up || kernel_refuses(iov, cnt, off, positional)) return read_pass(e, pass);
   if (!positional && (e->shared || !(real::fcntl(fd, F_GETFD) & FD_CLOEXEC)))
     return read_pass(e, pass);  // the offset may be another process's too: the kernel moves it
   if (!identity(fd, e)) return tracked(fd) ? read_pass(e, pass) : pass();
@@ -221,7 +249,7 @@ ssize_t read_pfs_kind(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, 
   ssize_t r = -2;
   if (Whole* w = e->whole) {
     r = scatter(w->data, w->size, pos, iov, cnt);
-    count_read(e, Source::kWhole, r);
+    if (r >= 0) count_read(e, Source::kWhole, r);
   } else {
     uint32_t tier = 0, slot = 0;
     Wait how = want ? wait_copy(e, pos, end, tier, slot) : Wait::kCopy;
@@ -242,9 +270,10 @@ ssize_t read_pfs_kind(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, 
 // file at this descriptor's offset.
 ssize_t read_changed(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, bool positional,
                      Pass<ssize_t> pass) {
-  if ((positional && off < 0) || total(iov, cnt) == 0 || !identity(fd, e)) return pass();
+  if (kernel_refuses(iov, cnt, off, positional) || total(iov, cnt) == 0 || !identity(fd, e))
+    return pass();
   int pfd = open_pfs(e, e->direct ? O_DIRECT : 0);
-  if (pfd < 0) return pass();
+  if (pfd < 0) return -1;  // never the copy's old bytes: the error of reaching the PFS file
   Position p(fd, e, off, positional);
   ssize_t r = -1;
   if (p.ok()) {
@@ -279,12 +308,13 @@ off_t on_lseek(int fd, off_t off, int whence, Pass<off_t> pass) {
     EntryLock lock(e);
     return pass();
   }
-  if (native_read(e) || (whence != SEEK_END && whence != SEEK_DATA && whence != SEEK_HOLE) ||
-      !identity(fd, e))
-    return pass();
-  // A copy the job has changed: where the end, data and holes are is the PFS file's.
+  // Where data and holes are is the PFS file's (a copy is dense), and where
+  // the end is, once the job has changed the file.
+  bool data = whence == SEEK_DATA || whence == SEEK_HOLE;
+  if (!data && (native_read(e) || whence != SEEK_END)) return pass();
+  if (!identity(fd, e)) return pass();
   int pfd = open_pfs(e);
-  if (pfd < 0) return pass();
+  if (pfd < 0) return -1;
   off_t pos = real::lseek(pfd, real::lseek(fd, 0, SEEK_CUR), SEEK_SET);
   pos = pos < 0 ? pos : real::lseek(pfd, off, whence);
   if (pos >= 0) pos = real::lseek(fd, pos, SEEK_SET);
@@ -301,12 +331,10 @@ void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pa
   bool done = false;
   if (e->kind.load() == kLocal && !native_read(e) && identity(fd, e)) {
     int pfd = open_pfs(e, e->direct ? O_DIRECT : 0);  // a changed copy: map the PFS file
-    if (pfd >= 0) {
-      p = real::mmap(addr, len, prot, flags, pfd, off);
-      KeepErrno k;
-      real::close(pfd);
-      done = true;
-    }
+    p = pfd >= 0 ? real::mmap(addr, len, prot, flags, pfd, off) : MAP_FAILED;
+    KeepErrno k;
+    if (pfd >= 0) real::close(pfd);
+    done = true;
   } else if (e->kind.load() == kPfs && !e->gave_up) {
     State s = m->state(e->file);
     if (s.state == kCached && identity(fd, e)) {  // the finished copy, same version

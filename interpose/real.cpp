@@ -1,6 +1,9 @@
 // The pointers to the real functions of wrappers.def, resolved once with
 // dlsym(RTLD_NEXT, ...) so that Monarch stacks with other preloaded tools.
 #include <dlfcn.h>
+#include <grp.h>
+#include <sched.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <sys/file.h>
 #include <sys/stat.h>

@@ -1,6 +1,7 @@
 #include "serve.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <cstdio>
@@ -31,6 +32,19 @@ int open_pfs(const FdEntry* e, int flags) {
   char path[2 * kPathMax];
   if (!pfs_path(e->map, e->file, path, sizeof path)) return errno = ENAMETOOLONG, -1;
   int fd = real::open(path, O_RDONLY | O_CLOEXEC | flags);
+  rlimit rl;
+  if (fd < 0 && errno == EMFILE && getrlimit(RLIMIT_NOFILE, &rl) == 0 &&
+      rl.rlim_cur < rl.rlim_max) {
+    // The program is at its limit; the kernel, reading its own descriptor,
+    // would need no other. One more for this one call, and the limit back.
+    rlimit more = rl;
+    more.rlim_cur++;
+    if (setrlimit(RLIMIT_NOFILE, &more) == 0) {
+      fd = real::open(path, O_RDONLY | O_CLOEXEC | flags);
+      KeepErrno k;
+      setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
   if (fd >= 0) add(e->map, c_pfs_opens);
   return fd;
 }

@@ -1,6 +1,9 @@
 // Expands wrappers.def into the exported wrappers. Nothing else belongs here:
 // the logic is in the handlers (handlers.h).
 #include <errno.h>
+#include <grp.h>
+#include <sched.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -8,6 +11,8 @@
 #include <sys/statvfs.h>
 #include <sys/time.h>
 #include <utime.h>
+
+#include <cxxabi.h>
 
 #include <type_traits>
 
@@ -33,12 +38,14 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     else
       return R(-1);
   }
-  if (!monarch::enter()) return fn();
+  if (!monarch::enter(reinterpret_cast<uintptr_t>(__builtin_frame_address(0)))) return fn();
   struct Leave {
     ~Leave() { monarch::leave(); }
   } leave;
   try {
     return handler();
+  } catch (abi::__forced_unwind&) {
+    throw;  // pthread_cancel and pthread_exit unwind through here: let them
   } catch (...) {
     return fn();
   }

@@ -1,23 +1,58 @@
 // job_epilog: a fresh process that slurmd runs as root on every node of the
 // job when it ends (normally, by scancel, at the time limit, after a stager
-// crash). Stops the job's stagers, renders the report as the user, deletes
-// the job's directories on every tier. It never fails: a failing epilog
-// drains the node, and everything here can be disturbed by the user.
-#include <sys/stat.h>
+// crash). It never fails: a failing or slow epilog drains the node, and
+// everything here can be disturbed by the user. Its cost does not grow
+// with what the job built, and it waits on nothing the user controls
+// without a deadline. As named steps:
+//   find_records     what Monarch made for the job: its root-owned records
+//                    (none, and no --monarch-dataset: nothing is touched)
+//   stop_stager      the job's stagers, by pidfd (SIGTERM, then SIGKILL)
+//   write_report     monarch-report as the user, in the job's cgroup, with
+//                    the job's groups and umask (from the record), bounded
+//                    in time, memory and input
+//   end_cgroups      whatever is left in the job's Monarch cgroups, killed
+//   release_spaces   every mount detached, the job's directory (or image)
+//                    moved to the trash: one rename each
+//   sweep, purge     other jobs' leftovers; the trash deleted in the
+//                    background by monarch-purge
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 
-#include "config.h"
+#include "cgroup.h"
+#include "job_space.h"
+#include "jobmap.h"
+#include "mounts.h"
 #include "plugin.h"
-#include "process.h"
-#include "remove_tree.h"
+#include "sweep.h"
+#include "tier.h"
 
 namespace monarch::spank {
 namespace {
 
-constexpr unsigned kReportTimeout = 60;
+// monarch-report at the job's end: its deadline and limits, above what a
+// statistics file within monarch-report's own input bound needs (16 MiB:
+// 1.0 GiB and 6 s, report.h).
+constexpr unsigned kReportTimeout = 20;
+constexpr rlim_t kReportMemory = rlim_t(2) << 30;
+constexpr rlim_t kReportFileSize = rlim_t(256) << 20;
+constexpr rlim_t kReportFiles = 64;
+constexpr unsigned kCgroupTimeout = 5;
+
+struct JobEnd {
+  uint32_t job = 0;
+  uid_t uid = 0;
+  std::string key;
+  Config config;
+  std::optional<JobRecord> record;  // on the first tier: the job's identity for its report
+  bool any_record = false;          // on any tier
+  std::vector<std::string> cgroups;
+  std::vector<Fd> images;  // released images, still held, for the purge to let go
+  std::vector<Fd> held;    // the job's records, held until its spaces are released
+};
 
 // Where the report goes: --monarch-report, else the site's report_dir, else
 // the job's working directory (slurmd gives it to the epilog as
@@ -29,94 +64,156 @@ std::string report_dir(const Config& config) {
   return work && work[0] == '/' ? work : "";
 }
 
-// The statistics' copy when monarch-report is missing: monarch-<key>.json.
-// The epilog of every node of a job writes into the same directory, so on a
-// job of several nodes the name carries the node's.
-std::string fallback_report_name(const std::string& key) {
-  const char* nodes = std::getenv("SLURM_JOB_NODELIST");
-  const char* node = std::getenv("SLURMD_NODENAME");
-  bool several = nodes && (std::strchr(nodes, ',') || std::strchr(nodes, '['));
-  if (several && node && *node && !std::strchr(node, '/'))
-    return "monarch-" + key + "-" + node + ".json";
-  return "monarch-" + key + ".json";
+// Reads the job's records (root's own files, in directories only root can
+// reach); nothing in the tiers is looked at.
+void find_records(JobEnd& end) {
+  for (size_t i = 0; i < end.config.tiers.size(); ++i) {
+    try {
+      Tier tier = open_tier(end.config.tiers[i], /*create=*/false);
+      if (!tier.has_state()) continue;
+      std::optional<JobRecord> r = read_record(tier.jobs.get(), end.key);
+      end.any_record |= bool(r);
+      if (r) end.held.push_back(hold_record(tier.jobs.get(), end.key));
+      if (i == 0 && r) {
+        end.record = r;
+        end.cgroups = read_cgroup_record(tier.jobs.get(), end.key);
+      }
+    } catch (const TierError& e) {
+      log_error(end.key + ": " + e.what());
+    }
+  }
 }
 
-// As the user, never root: monarch-report when it is installed, else a copy
-// of the statistics. A directory the user cannot write stays unwritten.
-void write_report(const User& user, const std::string& key, const std::string& stats,
-                  const std::string& dir) {
-  std::vector<std::string> argv;
-  if (access(MONARCH_REPORT, X_OK) == 0)
-    argv = {MONARCH_REPORT, "--write", dir, stats};
-  else
-    argv = {"/bin/cp", "--", stats, dir + "/" + fallback_report_name(key)};
+void stop_stager(const JobEnd& end) {
+  int stopped = stop_stagers(MONARCH_STAGER, end.uid, end.key, end.config.stop_timeout_s);
+  if (stopped) log_info(end.key + ": stopped " + std::to_string(stopped) + " stager(s)");
+}
+
+// As the user, never root, from the record's identity (no password or group
+// database now). monarch-report bounds what it reads; a statistics file
+// above that bound gets one line in <dir>/monarch-<key>.txt instead.
+void run_report(const JobEnd& end) {
+  const JobRecord& r = *end.record;
+  if (r.user.empty()) return;  // a damaged record: no identity to write as
+  std::string dir = report_dir(end.config);
+  std::string stats = job_dir(end.config.tiers[0], end.key) + "/" + kStatsName;
+  if (dir.empty()) {
+    log_error(end.key + ": no report: no --monarch-report, report_dir or job working directory");
+    return;
+  }
+  if (access(MONARCH_REPORT, X_OK) != 0) {
+    log_error(end.key + ": no report: " + MONARCH_REPORT + " is not installed");
+    return;
+  }
+  // The statistics are read through the job's directory: not when the job
+  // covered it with a mount of its own (a FUSE daemon may never answer).
+  Tier tier = open_tier(end.config.tiers[0], /*create=*/false);
+  uint64_t top = mount_id_at(tier.root.get(), space_name(end.key).c_str());
+  uint64_t want = r.space == JobSpace::kImage ? r.mount_id : mount_id_at(tier.root.get(), "");
+  if (top != want) {
+    log_error(end.key + ": no report: the job mounted something on its directory " +
+              tier.root_path + "/" + space_name(end.key));
+    return;
+  }
+  User user{.uid = r.uid, .gid = r.gid, .groups = r.groups, .name = r.user, .home = r.home};
+  ChildSetup setup{.user = &user,
+                   .limits = {{RLIMIT_AS, kReportMemory, kReportMemory},
+                              {RLIMIT_CPU, kReportTimeout, kReportTimeout},
+                              {RLIMIT_FSIZE, kReportFileSize, kReportFileSize},
+                              {RLIMIT_NOFILE, kReportFiles, kReportFiles},
+                              {RLIMIT_CORE, 0, 0}},
+                   .umask = r.umask};
+  for (const std::string& leaf : end.cgroups) setup.cgroups.push_back({.dir = leaf});
+  std::vector<std::string> argv{MONARCH_REPORT, "--write", dir, stats, "--job", end.key};
   std::string output;
-  int rc = run_as_user(user, argv, user_environment(user), kReportTimeout, output);
+  int rc = run_process(setup, argv, user_environment(user), kReportTimeout, output);
   while (!output.empty() && output.back() == '\n') output.pop_back();
-  if (rc != 0)
-    log_error(key + ": the report to " + dir + " failed (" + argv[0] + " exit " +
-              std::to_string(rc) + "): " + output);
+  if (rc == 0)
+    log_info(end.key + ": report written to " + dir);
   else
-    log_info(key + ": report written to " + dir);
+    log_error(end.key + ": the report to " + dir + " failed (exit " + std::to_string(rc) +
+              "): " + output);
+}
+
+void write_report(const JobEnd& end) {
+  if (!end.record) return;  // Monarch never started for the job on this node
+  try {
+    run_report(end);
+  } catch (const std::exception& e) {
+    log_error(end.key + ": no report: " + e.what());
+  }
+}
+
+void end_cgroups(const JobEnd& end) {
+  int killed = remove_job_cgroups(end.cgroups, kCgroupTimeout);
+  if (killed)
+    log_info(end.key + ": killed " + std::to_string(killed) +
+             " process(es) left in the job's Monarch cgroup");
+}
+
+void release_spaces(JobEnd& end) {
+  for (const TierConfig& tc : end.config.tiers) {
+    try {
+      Tier tier = open_tier(tc, /*create=*/false);
+      if (!tier.has_state()) continue;
+      TierLock lock(tier, end.config.start_timeout_s + 10);
+      std::optional<JobRecord> r = read_record(tier.jobs.get(), end.key);
+      if (!r) continue;
+      Release done = release_space(tier, *r);
+      if (done.image) end.images.push_back(std::move(done.image));
+      if (!done.problem.empty())
+        log_error(end.key + ": tier " + tc.name + ": " + done.problem +
+                  "; left for the next sweep");
+      else if (int left = done.mounts - (r->space == JobSpace::kImage ? 1 : 0); left > 0)
+        log_info(end.key + ": tier " + tc.name + ": detached " + std::to_string(left) +
+                 " mount(s) the job left");
+    } catch (const std::exception& e) {
+      log_error(end.key + ": tier " + tc.name + ": " + e.what() + "; left for the next sweep");
+    }
+  }
+}
+
+double seconds_since(const timespec& start) {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return double(now.tv_sec - start.tv_sec) + double(now.tv_nsec - start.tv_nsec) / 1e9;
 }
 
 }  // namespace
 
 int job_epilog(spank_t sp) {
+  timespec start;
+  clock_gettime(CLOCK_MONOTONIC, &start);
   State& s = state();
   if (!s.args.enabled) return 0;
   job_script_getopt(sp);
-  uint32_t job = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
-      spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
-      spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS) {
+  JobEnd end;
+  if (spank_get_item(sp, S_JOB_ID, &end.job) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_UID, &end.uid) != ESPANK_SUCCESS) {
     log_error("job_epilog: no job id or user; nothing cleaned");
     return 0;
   }
-  std::string key = "job" + std::to_string(job);
-  Config config;
-  bool have_config = true;
+  end.key = "job" + std::to_string(end.job);
   try {
-    config = load_config(s.args.config);
+    end.config = load_config(s.args.config);
   } catch (const ConfigError& e) {
-    log_error(key + ": node configuration: " + e.what() + "; cannot clean the tiers");
-    have_config = false;
+    if (s.request.dataset_given)
+      log_error(end.key + ": node configuration: " + e.what() + "; cannot clean the tiers");
+    return 0;
   }
+  find_records(end);
+  if (!end.any_record && !s.request.dataset_given) return 0;  // Monarch was not used
 
-  // Stagers run as the user: root's jobs never have one.
-  int stopped = uid == 0 ? 0
-                         : stop_stagers(MONARCH_STAGER, uid, key,
-                                        have_config ? config.stop_timeout_s : 10);
-  if (stopped) log_info(key + ": stopped " + std::to_string(stopped) + " stager(s)");
-  if (!have_config) return 0;
-
-  std::string first = job_dir(config.tiers[0], key);
-  struct stat st;
-  if (uid != 0 && lstat(first.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == uid) {
-    std::string dir = report_dir(config), stats = first + "/stats.json";
-    if (lstat(stats.c_str(), &st) != 0)
-      log_info(key + ": no report: the stager left no statistics");
-    else if (dir.empty())
-      log_error(key + ": no report: no --monarch-report, report_dir or job working directory");
-    else
-      try {
-        write_report(lookup_user(uid, gid, {}), key, stats, dir);
-      } catch (const std::exception& e) {
-        log_error(key + ": no report: " + e.what());
-      }
-  }
-
-  for (const TierConfig& tier : config.tiers) {
-    std::string dir = job_dir(tier, key);
-    RemoveResult r = remove_tree(dir);
-    if (r.errors || r.mounts)
-      log_error(key + ": removing " + dir + ": " + std::to_string(r.removed) + " removed, " +
-                std::to_string(r.mounts) + " mount points left alone, " +
-                std::to_string(r.errors) + " errors (first: " + r.first_path + ": " +
-                std::strerror(r.first_errno) + ")");
-  }
+  if (end.uid != 0) stop_stager(end);  // root's jobs never have one
+  write_report(end);
+  end_cgroups(end);
+  release_spaces(end);
+  end.held.clear();
+  sweep(end.config, end.key, end.images);
+  purge_tiers(end.config, end.images);
+  char took[32];
+  std::snprintf(took, sizeof took, "%.3f", seconds_since(start));
+  log_info(end.key + ": epilog done in " + took + " s");
   return 0;
 }
 

@@ -128,6 +128,8 @@ using namespace monarch::spank;
 // Monarch: only a refused option at submission returns an error (submit.cpp).
 extern "C" {
 
+// In slurmd (S_CTX_SLURMD) init runs once, when the daemon starts: Slurm
+// 22.05 has no slurmd_init of its own.
 int slurm_spank_init(spank_t sp, int ac, char** av) {
   return guarded("init", 0, [&] {
     parse_args(ac, av);
@@ -137,6 +139,8 @@ int slurm_spank_init(spank_t sp, int ac, char** av) {
       case S_CTX_REMOTE:
       case S_CTX_ALLOCATOR:
         return register_options(sp);
+      case S_CTX_SLURMD:
+        return slurmd_init();
       default:
         return 0;
     }
@@ -149,6 +153,11 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
     check_slurm_release(sp);
     return spank_context() == S_CTX_REMOTE ? remote_init_post_opt(sp) : 0;
   });
+}
+
+int slurm_spank_user_init(spank_t sp, int ac, char** av) {
+  return guarded("user_init", 0,
+                 [&] { return spank_context() == S_CTX_REMOTE ? remote_user_init(sp) : 0; });
 }
 
 int slurm_spank_task_init(spank_t sp, int ac, char** av) {

@@ -3,10 +3,13 @@
 // per context holds that context's hooks:
 //   submit.cpp      sbatch/salloc (allocator) and srun (local): the options,
 //                   checked in the submitting user's own context
-//   stepd.cpp       slurmstepd (remote): tier directories, the stager, the
-//                   tasks' environment
+//   stepd.cpp       slurmstepd (remote): the job's space on each tier, the
+//                   stager, the tasks' environment
 //   job_script.cpp  job_epilog (root, a fresh process per call): stop the
-//                   stager, the report as the user, safe cleanup
+//                   stager, the report as the user, release the job's space
+//   slurmd.cpp      slurmd start: sweep what jobs left behind
+// and the pieces they share: process (children as the user), proc (/proc),
+// tier, record, job_space, image, mounts, cgroup, sweep.
 // Every function here may throw; only plugin.cpp catches, at the C boundary.
 #pragma once
 
@@ -14,7 +17,12 @@ extern "C" {
 #include <slurm/spank.h>
 }
 
+#include <optional>
 #include <string>
+
+#include "config.h"
+#include "process.h"
+#include "record.h"
 
 extern "C" const char plugin_name[];  // "monarch": names the options' environment variables
 
@@ -30,9 +38,20 @@ struct Args {
 // What the user asked for with the options.
 struct Request {
   bool dataset_given = false;
-  std::string dataset;  // --monarch-dataset
-  std::string report;   // --monarch-report, empty for the default
-  bool verbose = false; // --monarch-verbose
+  std::string dataset;   // --monarch-dataset
+  std::string report;    // --monarch-report, empty for the default
+  bool verbose = false;  // --monarch-verbose
+};
+
+// A step of a Monarch job, planned by init_post_opt (as root: the job's
+// space made on every tier) for user_init (the stager started).
+struct StepPlan {
+  uint32_t job = 0;
+  std::string key;  // "job<ID>": names the job's directories, record and stager
+  User user;
+  Config config;
+  JobRecord record;
+  StagerLaunch launch;  // user_init adds the job's cgroups
 };
 
 // All the plugin's state in one process (sbatch, srun, slurmstepd or the
@@ -42,7 +61,8 @@ struct State {
   bool release_checked = false;  // the Slurm release that loaded us was compared
   Args args;
   Request request;
-  // Remote context, filled by init_post_opt for the task hooks:
+  // Remote context, from init_post_opt to the later hooks:
+  std::optional<StepPlan> plan;
   std::string disabled;  // why this step runs without Monarch ("" when it does)
 };
 
@@ -58,10 +78,14 @@ int job_script_getopt(spank_t sp);  // reads the options back in job_prolog/job_
 
 // stepd.cpp
 int remote_init_post_opt(spank_t sp);
+int remote_user_init(spank_t sp);
 int remote_task_init(spank_t sp);
 
 // job_script.cpp
 int job_epilog(spank_t sp);
+
+// slurmd.cpp
+int slurmd_init();
 
 // "monarch: " + message, to Slurm's log (and to the user where Slurm shows it).
 void log_error(const std::string& message);

@@ -1,13 +1,11 @@
 #include "process.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <limits.h>
 #include <poll.h>
-#include <pwd.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,13 +16,20 @@ extern "C" {
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
+#include "fd.h"
+#include "proc.h"
+
 namespace monarch::spank {
 namespace {
+
+// How much longer than its own deadline the caller waits for a child that
+// relays an answer, before it kills the child.
+constexpr int64_t kRelayGraceMs = 5000;
+// How long a killed child gets to be reaped.
+constexpr int64_t kReapMs = 2000;
 
 // argv or envp as the char* array execve wants, over strings that stay put.
 class CArray {
@@ -48,14 +53,33 @@ int64_t now_ms() {
   return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
 }
 
+// Reaps our own child `pid`, giving it `ms` to exit; false if it did not.
+bool reap(pid_t pid, int64_t ms, int* status) {
+  int64_t deadline = now_ms() + ms;
+  for (;;) {
+    pid_t r = waitpid(pid, status, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) return r == pid;
+    if (now_ms() >= deadline) return false;
+    struct timespec t = {0, 10'000'000};
+    nanosleep(&t, nullptr);
+  }
+}
+
 // ---- In a forked child: async-signal-safe calls only. ----
 
-void child_say(int fd, const char* text) {
+void say(int fd, const char* text) {
   if (fd >= 0) (void)!write(fd, text, strlen(text));
 }
 
-// Clears the signal mask and resets every handler: slurmstepd blocks SIGTERM
-// and others in the thread that forks, and both survive exec.
+[[noreturn]] void fail(int fd, const char* what) {
+  say(fd, "error: ");
+  say(fd, what);
+  say(fd, "\n");
+  _exit(126);
+}
+
+// Clears the signal mask and resets every handler: slurmstepd blocks
+// SIGTERM and others in the thread that forks, and both survive exec.
 void reset_signals() {
   struct sigaction sa = {};
   sa.sa_handler = SIG_DFL;
@@ -80,311 +104,277 @@ bool become(const User& u) {
   return true;
 }
 
-// stdin on /dev/null; stdout and stderr on `out`, or /dev/null when out < 0.
-bool stdio_to(int out) {
-  int null = open("/dev/null", O_RDWR);
-  if (null < 0) return false;
-  if (out < 0) out = null;
-  bool ok = dup2(null, 0) == 0 && dup2(out, 1) == 1 && dup2(out, 2) == 2;
-  if (null > 2) close(null);
-  return ok;
-}
-
-// "pid 123\n" without snprintf.
-void child_say_pid(int fd, pid_t pid) {
-  char buf[32] = "pid ";
-  char digits[16];
-  int n = 0;
-  do digits[n++] = char('0' + pid % 10), pid /= 10;
-  while (pid > 0 && n < 15);
-  int at = 4;
-  while (n > 0) buf[at++] = digits[--n];
-  buf[at++] = '\n';
-  buf[at] = 0;
-  child_say(fd, buf);
-}
-
-// ---- /proc ----
-
-bool read_small_file(const std::string& path, std::string& out) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+bool write_file(const char* path, const char* text, size_t size, int flags) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | flags, 0600);
   if (fd < 0) return false;
-  out.clear();
+  bool ok = write(fd, text, size) == ssize_t(size);
+  return close(fd) == 0 && ok;
+}
+
+bool copy_file(const char* from, const char* to) {
   char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0 && out.size() < (1 << 20)) out.append(buf, size_t(n));
+  int fd = open(from, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, buf, sizeof buf);
   close(fd);
-  return n == 0;
+  return n > 0 && write_file(to, buf, size_t(n), 0);
 }
 
-// Is `pid` a live stager of job `key`, running as `uid` from `program`?
-bool is_job_stager(pid_t pid, const std::string& program, uid_t uid, const std::string& key) {
-  std::string base = "/proc/" + std::to_string(pid), status, cmdline;
-  if (!read_small_file(base + "/status", status)) return false;
-  bool uid_ok = false;
-  size_t at = 0;
-  while (at < status.size()) {
-    size_t end = status.find('\n', at);
-    if (end == std::string::npos) end = status.size();
-    std::string line = status.substr(at, end - at);
-    at = end + 1;
-    if (line.starts_with("State:") && line.find('Z') != std::string::npos &&
-        line.find("zombie") != std::string::npos)
-      return false;
-    if (line.starts_with("Uid:")) {
-      unsigned long ids[4];
-      if (std::sscanf(line.c_str(), "Uid: %lu %lu %lu %lu", &ids[0], &ids[1], &ids[2], &ids[3]) != 4)
-        return false;
-      uid_ok = ids[0] == uid && ids[1] == uid && ids[2] == uid && ids[3] == uid;
-    }
+// What the child does, as strings made before fork.
+struct Prepared {
+  std::vector<std::string> dirs, procs;                     // cgroup dirs and their cgroup.procs
+  std::vector<std::pair<std::string, std::string>> copies;  // cgroup files copied first
+  std::string record;                                       // the dirs, one a line
+};
+
+Prepared prepare(const ChildSetup& s) {
+  Prepared p;
+  for (const CgroupJoin& j : s.cgroups) {
+    p.dirs.push_back(j.dir);
+    p.procs.push_back(j.dir + "/cgroup.procs");
+    p.copies.insert(p.copies.end(), j.copy.begin(), j.copy.end());
+    p.record += j.dir + "\n";
   }
-  if (!uid_ok) return false;
-  char exe[PATH_MAX];
-  ssize_t n = readlink((base + "/exe").c_str(), exe, sizeof exe - 1);
-  if (n <= 0) return false;
-  std::string exe_path(exe, size_t(n));
-  if (exe_path != program && exe_path != program + " (deleted)") return false;
-  if (!read_small_file(base + "/cmdline", cmdline)) return false;
-  std::vector<std::string> args;
-  for (size_t b = 0; b < cmdline.size();) {
-    size_t e = cmdline.find('\0', b);
-    if (e == std::string::npos) e = cmdline.size();
-    args.push_back(cmdline.substr(b, e - b));
-    b = e + 1;
-  }
-  for (size_t i = 1; i < args.size(); ++i)
-    if ((args[i] == "--job" && i + 1 < args.size() && args[i + 1] == key) ||
-        args[i] == "--job=" + key)
-      return true;
-  return false;
+  return p;
 }
 
-// Waits until every process in `fds` (pidfds) has exited or the time is up;
-// returns the pidfds of those still running.
-std::vector<int> wait_exit(std::vector<int> fds, int64_t timeout_ms) {
-  int64_t deadline = now_ms() + timeout_ms;
-  while (!fds.empty()) {
-    std::vector<pollfd> p;
-    for (int fd : fds) p.push_back({fd, POLLIN, 0});
-    int64_t left = deadline - now_ms();
-    if (left <= 0) break;
-    int n = poll(p.data(), p.size(), int(std::min<int64_t>(left, 1000)));
-    if (n < 0 && errno != EINTR) break;
-    std::vector<int> still;
-    for (const pollfd& q : p) {
-      if (q.revents)
-        close(q.fd);
-      else
-        still.push_back(q.fd);
-    }
-    fds = std::move(still);
+void set_up_child(const ChildSetup& s, const Prepared& p, int err) {
+  // In user_init slurmstepd runs with the user's euid and root's real and
+  // saved uid: the child takes root back for what follows.
+  if (geteuid() != 0 && getuid() == 0 &&
+      (setresuid(0, 0, 0) != 0 || setresgid(0, 0, 0) != 0 || setgroups(0, nullptr) != 0))
+    fail(err, "cannot take back root to set the child up");
+  reset_signals();
+  setsid();
+  write_file("/proc/self/oom_score_adj", "0", 1, 0);  // slurmstepd's is -1000
+  for (const std::string& dir : p.dirs)
+    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+      fail(err, "cannot make the job's Monarch cgroup");
+  for (const auto& [from, to] : p.copies)
+    if (!copy_file(from.c_str(), to.c_str())) fail(err, "cannot set the job's Monarch cpuset");
+  for (const std::string& procs : p.procs)
+    if (!write_file(procs.c_str(), "0", 1, 0)) fail(err, "cannot join the job's cgroup");
+  if (!s.cgroup_record.empty() && !p.record.empty() &&
+      !write_file(s.cgroup_record.c_str(), p.record.data(), p.record.size(), O_CREAT | O_TRUNC))
+    fail(err, "cannot record the job's Monarch cgroup");
+  for (const Limit& l : s.limits) {
+    struct rlimit r = {l.soft, l.hard};
+    setrlimit(l.resource, &r);
   }
-  return fds;
+  umask(s.umask);
+  if (s.user && !become(*s.user)) fail(err, "cannot switch to the job's user");
+  if (chdir("/") != 0) fail(err, "cannot change to /");
+  // Out of the way of 0-3 first: dup2 onto them then clears close-on-exec.
+  int out = s.out >= 0 ? fcntl(s.out, F_DUPFD_CLOEXEC, 10) : -1;
+  int keep = s.keep >= 0 ? fcntl(s.keep, F_DUPFD_CLOEXEC, 10) : -1;
+  int null = open("/dev/null", O_RDWR);  // above 3 it goes with close_range
+  if (out < 0) out = null;
+  if (null < 0 || dup2(null, 0) != 0 || dup2(out, 1) != 1 || dup2(out, 2) != 2 ||
+      (s.keep >= 0 && (keep < 0 || dup2(keep, 3) != 3)))
+    fail(err, "cannot set up the child's descriptors");
+  close_range(s.keep >= 0 ? 4 : 3, ~0U, 0);
+}
+
+// The launcher: the child of start_stager, as the user, with the caller's
+// pipe on descriptor 3. Says one of "running", "started", "ready",
+// "timeout", "exited" or "error: ..." there, and exits.
+[[noreturn]] void launcher(char** argv, char** envp, const char* lock_path, bool wait,
+                           unsigned timeout_s) {
+  // Checked as the user: a stager of this job holds this lock while it runs.
+  int lock = open(lock_path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (lock >= 0) {
+    if (flock(lock, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      say(3, "running\n");
+      _exit(0);
+    }
+    close(lock);
+  }
+  int q[2];
+  if (pipe2(q, O_CLOEXEC) != 0) fail(3, "cannot make a pipe");
+  pid_t stager = fork();
+  if (stager < 0) fail(3, "cannot fork the stager");
+  if (stager == 0) {
+    if (wait) {
+      if (dup2(q[1], 3) != 3) _exit(127);  // --ready-fd 3; the caller's pipe is closed
+    } else {
+      close(3);
+    }
+    close_range(4, ~0U, 0);
+    execve(argv[0], argv, envp);
+    say(3, "error: cannot execute the stager\n");
+    _exit(127);
+  }
+  close(q[1]);
+  if (!wait) {
+    say(3, "started\n");
+    _exit(0);
+  }
+  // The stager's first line is the answer.
+  char line[512];
+  size_t have = 0;
+  struct timespec start;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  for (;;) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t left = int64_t(timeout_s) * 1000 -
+                   ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000);
+    struct pollfd pf = {q[0], POLLIN, 0};
+    int n = left > 0 ? poll(&pf, 1, int(left)) : 0;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      // No answer in time: SIGKILL, not SIGTERM, since a stager stuck
+      // (stopped, or waiting on a dead file system) would keep a SIGTERM
+      // pending and its lock held. Our own child: its pid is still its own.
+      kill(stager, SIGKILL);
+      say(3, "timeout\n");
+      _exit(0);
+    }
+    ssize_t got = read(q[0], line + have, sizeof line - 1 - have);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      say(3, "exited\n");
+      _exit(0);
+    }
+    have += size_t(got);
+    char* nl = static_cast<char*>(memchr(line, '\n', have));
+    if (nl || have == sizeof line - 1) {
+      size_t len = nl ? size_t(nl - line) + 1 : have;
+      (void)!write(3, line, len);
+      if (!nl) say(3, "\n");
+      _exit(0);
+    }
+  }
 }
 
 }  // namespace
-
-User lookup_user(uid_t uid, gid_t gid, std::vector<gid_t> groups) {
-  User u{.uid = uid, .gid = gid};
-  std::vector<char> buf(1 << 16);
-  passwd pw, *found = nullptr;
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || !found)
-    throw std::runtime_error("uid " + std::to_string(uid) + " is not in the password database");
-  u.name = pw.pw_name;
-  u.home = pw.pw_dir ? pw.pw_dir : "/";
-  if (groups.empty()) {
-    int n = 64;
-    groups.resize(size_t(n));
-    while (getgrouplist(u.name.c_str(), gid, groups.data(), &n) < 0) groups.resize(size_t(n) + 16);
-    groups.resize(size_t(n));
-  }
-  bool has_primary = false;
-  for (gid_t g : groups) has_primary |= g == gid;
-  if (!has_primary) groups.push_back(gid);
-  u.groups = std::move(groups);
-  return u;
-}
 
 std::vector<std::string> user_environment(const User& user) {
   return {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + user.home, "USER=" + user.name,
           "LOGNAME=" + user.name};
 }
 
+pid_t fork_as_user(const ChildSetup& setup, int error_fd) {
+  Prepared p = prepare(setup);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  int err = fcntl(error_fd, F_DUPFD_CLOEXEC, 10);
+  set_up_child(setup, p, err);
+  return 0;
+}
+
 StagerStart start_stager(const StagerLaunch& launch) {
   bool wait = launch.timeout_s > 0;
-  std::vector<std::string> argv{launch.program};
+  std::vector<std::string> argv{launch.program, "--job", launch.key};
   argv.insert(argv.end(), launch.args.begin(), launch.args.end());
   if (wait) argv.insert(argv.end(), {"--ready-fd", "3"});
   CArray args(argv), env(launch.env);
-  const User& user = launch.user;
-  const char* lock_path = launch.lock_path.c_str();
 
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0)
     return {StagerState::kFailed, std::string("cannot make a pipe: ") + std::strerror(errno)};
-  pid_t child = fork();
-  if (child == 0) {
-    close(p[0]);
-    reset_signals();
-    setsid();
-    int w = fcntl(p[1], F_DUPFD_CLOEXEC, 10);
-    if (w < 0 || !become(user)) {
-      child_say(p[1], "error: cannot switch to the job's user\n");
-      _exit(126);
-    }
-    if (chdir("/") != 0) _exit(126);
-    // Checked as the user: a stager of this job holds this lock while it runs.
-    int lock = open(lock_path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (lock >= 0) {
-      if (flock(lock, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-        child_say(w, "running\n");
-        _exit(0);
-      }
-      close(lock);
-    }
-    pid_t stager = fork();
-    if (stager < 0) {
-      child_say(w, "error: cannot fork the stager\n");
-      _exit(126);
-    }
-    if (stager > 0) {  // the stager is nobody's child: it outlives the step
-      child_say_pid(w, stager);
-      _exit(0);
-    }
-    if (!stdio_to(-1) || (wait && dup2(w, 3) != 3)) _exit(127);
-    close_range(wait ? 4 : 3, ~0U, 0);
-    execve(args.get()[0], args.get(), env.get());
-    child_say(wait ? 3 : -1, "error: cannot execute the stager\n");
-    _exit(127);
-  }
-  close(p[1]);
-  if (child < 0) {
-    close(p[0]);
-    return {StagerState::kFailed, std::string("cannot fork: ") + std::strerror(errno)};
-  }
-  int status;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
+  Fd from_child(p[0]), to_parent(p[1]);
+  ChildSetup setup = launch.setup;
+  setup.keep = to_parent.get();
+  pid_t child = fork_as_user(setup, to_parent.get());
+  if (child == 0) launcher(args.get(), env.get(), launch.lock_path.c_str(), wait, launch.timeout_s);
+  to_parent.reset();
+  if (child < 0) return {StagerState::kFailed, std::string("cannot fork: ") + std::strerror(errno)};
 
-  // Lines from the intermediate child ("pid N", "running", "error: ...") and
-  // from the stager ("ready", "running", "error: ..."), in any order.
+  // One line from the launcher; it has its own deadline, this one is longer.
   std::string buffer;
-  pid_t stager_pid = -1;
-  int64_t deadline = now_ms() + int64_t(launch.timeout_s) * 1000;
-  StagerStart result{StagerState::kTimeout, ""};
-  bool done = false, eof = false;
-  while (!done && !eof) {
+  int64_t deadline = now_ms() + int64_t(launch.timeout_s) * 1000 + kRelayGraceMs;
+  bool eof = false;
+  while (!eof && buffer.find('\n') == std::string::npos) {
+    pollfd pf{from_child.get(), POLLIN, 0};
     int64_t left = deadline - now_ms();
-    pollfd pf{p[0], POLLIN, 0};
-    int n = wait ? poll(&pf, 1, int(std::max<int64_t>(left, 0))) : 1;
+    int n = left > 0 ? poll(&pf, 1, int(left)) : 0;
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // timeout
+    if (n <= 0) break;
     char buf[512];
-    ssize_t got = read(p[0], buf, sizeof buf);
+    ssize_t got = read(from_child.get(), buf, sizeof buf);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) eof = true;
     if (got > 0) buffer.append(buf, size_t(got));
-    size_t nl;
-    while (!done && (nl = buffer.find('\n')) != std::string::npos) {
-      std::string line = buffer.substr(0, nl);
-      buffer.erase(0, nl + 1);
-      if (line.starts_with("pid ")) {
-        stager_pid = pid_t(std::atoi(line.c_str() + 4));
-        if (!wait) result = {StagerState::kStarted, ""}, done = true;
-      } else if (line == "ready") {
-        result = {StagerState::kReady, ""}, done = true;
-      } else if (line == "running") {
-        result = {StagerState::kRunning, ""}, done = true;
-      } else if (line.starts_with("error: ")) {
-        result = {StagerState::kFailed, line.substr(7)}, done = true;
-      }
-    }
   }
-  close(p[0]);
-  if (done) return result;
-  if (eof)
+  int status;
+  if (!reap(child, kReapMs, &status)) {
+    kill(child, SIGKILL);  // our own child, not reaped: its pid is its own
+    reap(child, kReapMs, &status);
+  }
+  std::string line = buffer.substr(0, buffer.find('\n'));
+  if (line == "ready") return {StagerState::kReady, ""};
+  if (line == "running") return {StagerState::kRunning, ""};
+  if (line == "started") return {StagerState::kStarted, ""};
+  if (line.starts_with("error: ")) return {StagerState::kFailed, line.substr(7)};
+  if (line == "exited")
     return {StagerState::kFailed,
             "the stager exited at start-up without an answer (see its stager.log)"};
-  // No answer in time: kill the stager this call started, after checking
-  // through a pidfd that it is the user's stager. SIGKILL, not SIGTERM: a
-  // stager stuck (stopped, or waiting on a dead file system) would keep a
-  // SIGTERM pending and its lock held, and no later step could start one.
-  if (stager_pid > 0) {
-    int fd = pidfd_open(stager_pid, 0);
-    if (fd >= 0) {
-      std::string key;
-      for (size_t i = 0; i + 1 < argv.size(); ++i)
-        if (argv[i] == "--job") key = argv[i + 1];
-      if (is_job_stager(stager_pid, launch.program, user.uid, key))
-        pidfd_send_signal(fd, SIGKILL, nullptr, 0);
-      close(fd);
-    }
-  }
-  return {StagerState::kTimeout, "the stager did not answer within " +
-                                     std::to_string(launch.timeout_s) +
-                                     " s (start_timeout in the configuration)"};
+  if (line == "timeout")
+    return {StagerState::kTimeout, "the stager did not answer within " +
+                                       std::to_string(launch.timeout_s) +
+                                       " s (start_timeout in the configuration)"};
+  return {StagerState::kTimeout, "the stager's start did not report back within " +
+                                     std::to_string(launch.timeout_s + kRelayGraceMs / 1000) +
+                                     " s"};
 }
 
 int stop_stagers(const std::string& program, uid_t uid, const std::string& key,
                  unsigned timeout_s) {
-  std::vector<int> signalled;
-  if (DIR* d = opendir("/proc")) {
-    while (dirent* e = readdir(d)) {
-      char* end = nullptr;
-      long pid = std::strtol(e->d_name, &end, 10);
-      if (*end || pid <= 1) continue;
-      if (!is_job_stager(pid_t(pid), program, uid, key)) continue;
-      int fd = pidfd_open(pid_t(pid), 0);
-      if (fd < 0) continue;
-      // The pidfd names one process for good: check that one again.
-      if (is_job_stager(pid_t(pid), program, uid, key) &&
-          pidfd_send_signal(fd, SIGTERM, nullptr, 0) == 0)
-        signalled.push_back(fd);
-      else
-        close(fd);
-    }
-    closedir(d);
+  std::vector<Fd> signalled;
+  for (pid_t pid : find_job_stagers(program, uid, key)) {
+    Fd fd(pidfd_open(pid, 0));
+    // The pidfd names one process for good: check that one again.
+    if (fd && is_job_stager(pid, program, uid, key) &&
+        pidfd_send_signal(fd.get(), SIGTERM, nullptr, 0) == 0)
+      signalled.push_back(std::move(fd));
   }
   int found = int(signalled.size());
-  std::vector<int> left = wait_exit(signalled, int64_t(timeout_s) * 1000);
-  for (int fd : left) pidfd_send_signal(fd, SIGKILL, nullptr, 0);
-  for (int fd : wait_exit(left, 5000)) close(fd);
+  // Waits until every one has exited or the time is up.
+  auto wait_exit = [](std::vector<Fd>& fds, int64_t ms) {
+    int64_t deadline = now_ms() + ms;
+    while (!fds.empty()) {
+      std::vector<pollfd> p;
+      for (const Fd& fd : fds) p.push_back({fd.get(), POLLIN, 0});
+      int64_t left = deadline - now_ms();
+      if (left <= 0) break;
+      int n = poll(p.data(), p.size(), int(std::min<int64_t>(left, 1000)));
+      if (n < 0 && errno != EINTR) break;
+      std::vector<Fd> still;
+      for (size_t i = 0; i < p.size(); ++i)
+        if (!p[i].revents) still.push_back(std::move(fds[i]));
+      fds = std::move(still);
+    }
+  };
+  wait_exit(signalled, int64_t(timeout_s) * 1000);
+  for (const Fd& fd : signalled) pidfd_send_signal(fd.get(), SIGKILL, nullptr, 0);
+  wait_exit(signalled, 5000);
   return found;
 }
 
-int run_as_user(const User& user, const std::vector<std::string>& argv,
+int run_process(const ChildSetup& setup, const std::vector<std::string>& argv,
                 const std::vector<std::string>& env, unsigned timeout_s, std::string& output) {
   CArray args(argv), envp(env);
   output.clear();
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return -1;
-  pid_t pid = fork();
+  Fd from_child(p[0]), to_parent(p[1]);
+  ChildSetup s = setup;
+  s.out = to_parent.get();
+  pid_t pid = fork_as_user(s, to_parent.get());
   if (pid == 0) {
-    close(p[0]);
-    reset_signals();
-    setsid();
-    int w = fcntl(p[1], F_DUPFD_CLOEXEC, 10);
-    if (w < 0 || !become(user)) {
-      child_say(p[1], "cannot switch to the job's user\n");
-      _exit(126);
-    }
-    if (chdir("/") != 0 || !stdio_to(w)) _exit(126);
-    close_range(3, ~0U, 0);
     execve(args.get()[0], args.get(), envp.get());
-    child_say(2, "cannot execute the program\n");
+    say(2, "cannot execute the program\n");
     _exit(127);
   }
-  close(p[1]);
-  if (pid < 0) {
-    close(p[0]);
-    return -1;
-  }
+  to_parent.reset();
+  if (pid < 0) return -1;
   int64_t deadline = now_ms() + int64_t(timeout_s) * 1000;
   bool killed = false;
   for (;;) {
     int64_t left = deadline - now_ms();
-    pollfd pf{p[0], POLLIN, 0};
-    int n = poll(&pf, 1, int(std::max<int64_t>(left, 0)));
+    pollfd pf{from_child.get(), POLLIN, 0};
+    int n = left > 0 ? poll(&pf, 1, int(left)) : 0;
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) {  // our own child, not reaped yet: its pid is still its own
       kill(-pid, SIGKILL);
@@ -393,16 +383,19 @@ int run_as_user(const User& user, const std::vector<std::string>& argv,
       break;
     }
     char buf[1024];
-    ssize_t got = read(p[0], buf, sizeof buf);
+    ssize_t got = read(from_child.get(), buf, sizeof buf);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) break;
     if (output.size() < 4096) output.append(buf, size_t(got));
   }
-  close(p[0]);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  if (!reap(pid, killed ? kReapMs : int64_t(timeout_s) * 1000 + kReapMs, &status)) {
+    kill(pid, SIGKILL);
+    if (!reap(pid, kReapMs, &status)) return 128 + SIGKILL;
+    killed = true;
   }
-  if (killed || WIFSIGNALED(status)) return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL);
+  if (killed || WIFSIGNALED(status))
+    return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 

@@ -1,23 +1,32 @@
 // slurmstepd (remote context), for every step of a job that asked for
-// Monarch, on every node. init_post_opt runs as root before any task of the
-// step exists: it makes the job's directory on each tier (private to the
-// user), starts the stager as the user (or finds it running) and sets the
-// tasks' environment. task_init runs in each task, as the user, just before
-// exec: rank 0 of the step tells the user when Monarch is off.
-#include <fcntl.h>
-#include <stdio.h>
-#include <sys/random.h>
-#include <sys/stat.h>
+// Monarch, on every node. A step's start, as named steps:
+//   init_post_opt (root, before the job's cgroups exist for its first step):
+//     plan_step      who the job runs as (ids, groups, umask, limits, from
+//                    Slurm), the node's configuration, the job's record
+//     prepare_tiers  the job's space on every tier (job_space.h): made by
+//                    the first step on the node, checked by the others
+//   user_init (slurmstepd with the user's euid, after Slurm made the job's
+//   cgroups, before any task exists):
+//     start_stager_for  the stager, in the job's Monarch cgroup (cgroup.h),
+//                       or the one already running
+//     set_task_env      the library appended to the tasks' LD_PRELOAD
+// Any failure turns Monarch off for the step with one log line; task_init
+// then tells the user on rank 0's stderr, and the step runs from the PFS.
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
-#include "config.h"
+#include "cgroup.h"
+#include "job_space.h"
+#include "jobmap.h"
 #include "plugin.h"
-#include "process.h"
-#include "remove_tree.h"
+#include "proc.h"
+#include "tier.h"
 
 namespace monarch::spank {
 namespace {
@@ -26,67 +35,15 @@ namespace {
 constexpr uint32_t kExternStep = 0xfffffffc;       // SLURM_EXTERN_CONT
 constexpr uint32_t kBatchStep = 0xfffffffb;        // SLURM_BATCH_SCRIPT
 constexpr uint32_t kInteractiveStep = 0xfffffffa;  // SLURM_INTERACTIVE_STEP
+constexpr mode_t kDefaultUmask = 022;              // Slurm's when the job carries none
 
-std::string errno_text() {
-  return std::strerror(errno);
-}
-
-// <tier>/monarch-<key>, a directory owned by the user with mode 0700. The
-// tier itself belongs to the admin (root, 0755 or 1777): only root can make
-// the directory there for the user. Anything in the way that is not the
-// user's directory (a leftover, another user's, a symbolic link) is removed
-// first, without following links or entering mounts. The new directory is
-// made under a temporary name and renamed into place, so a concurrent step
-// never sees it half made.
-void make_job_dir(const TierConfig& tier, const std::string& key, const User& user) {
-  std::string dir = job_dir(tier, key), name = "monarch-" + key;
-  int parent = open(tier.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (parent < 0)
-    throw std::runtime_error("tier " + tier.name + ": cannot open " + tier.path + ": " +
-                             errno_text() + " (the admin creates each tier directory)");
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{parent};
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    struct stat st;
-    if (fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-      if (S_ISDIR(st.st_mode) && st.st_uid == user.uid) {
-        if ((st.st_mode & 07777) != 0700) {
-          int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-          bool ok = fd >= 0 && fchmod(fd, 0700) == 0;
-          int e = errno;
-          if (fd >= 0) close(fd);
-          if (!ok)
-            throw std::runtime_error("cannot make " + dir + " private: " + std::strerror(e));
-        }
-        return;
-      }
-      RemoveResult r = remove_tree_at(parent, name);
-      log_info(dir + " was there and not the job user's (owner uid " + std::to_string(st.st_uid) +
-               "): removed " + std::to_string(r.removed) + " entries, left " +
-               std::to_string(r.mounts) + " mount points alone");
-      continue;
-    }
-    if (errno != ENOENT) throw std::runtime_error("cannot check " + dir + ": " + errno_text());
-    uint64_t nonce = 0;
-    (void)!getrandom(&nonce, sizeof nonce, 0);
-    std::string tmp = "." + name + "." + std::to_string(getpid()) + "." + std::to_string(nonce);
-    if (mkdirat(parent, tmp.c_str(), 0700) != 0)
-      throw std::runtime_error("cannot create a directory in " + tier.path + ": " + errno_text());
-    int fd = openat(parent, tmp.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    bool ok = fd >= 0 && fchown(fd, user.uid, user.gid) == 0 && fchmod(fd, 0700) == 0;
-    int e = errno;
-    if (fd >= 0) close(fd);
-    if (ok && renameat2(parent, tmp.c_str(), parent, name.c_str(), RENAME_NOREPLACE) == 0) return;
-    if (ok) e = errno;
-    unlinkat(parent, tmp.c_str(), AT_REMOVEDIR);
-    if (!ok || e != EEXIST)
-      throw std::runtime_error("cannot create " + dir + ": " + std::strerror(e));
-    // Another step made it meanwhile: check that one.
-  }
-  throw std::runtime_error(dir + " is in the way and could not be removed");
-}
+// The limits slurmstepd propagates to tasks (PropagateResourceLimits) as
+// SLURM_RLIMIT_<NAME>: the stager gets the same soft limits.
+constexpr std::pair<const char*, int> kLimits[] = {
+    {"CPU", RLIMIT_CPU},     {"FSIZE", RLIMIT_FSIZE},   {"DATA", RLIMIT_DATA},
+    {"STACK", RLIMIT_STACK}, {"CORE", RLIMIT_CORE},     {"RSS", RLIMIT_RSS},
+    {"NPROC", RLIMIT_NPROC}, {"NOFILE", RLIMIT_NOFILE}, {"MEMLOCK", RLIMIT_MEMLOCK},
+    {"AS", RLIMIT_AS}};
 
 std::string get_env(spank_t sp, const char* name) {
   std::vector<char> buf(4096);
@@ -104,6 +61,21 @@ void set_env(spank_t sp, const char* name, const std::string& value) {
     throw std::runtime_error(std::string("cannot set ") + name + ": " + spank_strerror(rc));
 }
 
+template <class T>
+T item(spank_t sp, spank_item_t what, const char* name) {
+  T value{};
+  spank_err_t rc = spank_get_item(sp, what, &value);
+  if (rc != ESPANK_SUCCESS)
+    throw std::runtime_error(std::string("cannot get ") + name + ": " + spank_strerror(rc));
+  return value;
+}
+
+std::string step_name(uint32_t step) {
+  if (step == kBatchStep) return "batch";
+  if (step == kInteractiveStep) return "interactive";
+  return std::to_string(step);
+}
+
 // LD_PRELOAD entries, separated by spaces or colons as ld.so accepts them.
 std::vector<std::string> preload_entries(const std::string& value) {
   std::vector<std::string> out;
@@ -117,18 +89,133 @@ std::vector<std::string> preload_entries(const std::string& value) {
   return out;
 }
 
+// ---- plan_step ----
+
+// Who the job runs as, from Slurm alone: ids and groups as the job has
+// them, its name and home from the job's environment (they only make the
+// environment of the stager and the report). No password or group lookup.
+User job_user(spank_t sp) {
+  User u{.uid = item<uid_t>(sp, S_JOB_UID, "the job's uid"),
+         .gid = item<gid_t>(sp, S_JOB_GID, "the job's gid")};
+  if (u.uid == 0) throw std::runtime_error("jobs of root do not use Monarch");
+  gid_t* gids = nullptr;
+  int ngids = 0;
+  if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &gids, &ngids) == ESPANK_SUCCESS && gids)
+    u.groups.assign(gids, gids + ngids);
+  if (std::find(u.groups.begin(), u.groups.end(), u.gid) == u.groups.end())
+    u.groups.push_back(u.gid);
+  u.name = get_env(sp, "SLURM_JOB_USER");
+  if (u.name.empty()) u.name = get_env(sp, "USER");
+  if (u.name.empty()) u.name = "uid" + std::to_string(u.uid);
+  u.home = get_env(sp, "HOME");
+  if (u.home.empty() || u.home[0] != '/') u.home = "/";
+  return u;
+}
+
+// The job's umask (SLURM_UMASK, which sbatch and srun set from the user's).
+mode_t job_umask(spank_t sp) {
+  std::string v = get_env(sp, "SLURM_UMASK");
+  char* end = nullptr;
+  unsigned long mask = std::strtoul(v.c_str(), &end, 8);
+  return v.empty() || *end ? kDefaultUmask : mode_t(mask & 0777);
+}
+
+// The soft limits the job's tasks get, at most slurmstepd's hard ones.
+std::vector<Limit> job_limits(spank_t sp) {
+  std::vector<Limit> limits;
+  for (const auto& [name, resource] : kLimits) {
+    std::string v = get_env(sp, (std::string("SLURM_RLIMIT_") + name).c_str());
+    if (!v.empty() && v[0] == 'U') v.erase(0, 1);  // asked for with --propagate
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long value = std::strtoull(v.c_str(), &end, 10);
+    struct rlimit now;
+    if (v.empty() || *end || errno || getrlimit(resource, &now) != 0) continue;
+    limits.push_back({resource, std::min<rlim_t>(rlim_t(value), now.rlim_max), now.rlim_max});
+  }
+  return limits;
+}
+
+// How many times Slurm restarted the job (a requeue makes a new run).
+uint32_t restart_count(spank_t sp) {
+  uint32_t n = 0;
+  return spank_get_item(sp, S_SLURM_RESTART_COUNT, &n) == ESPANK_SUCCESS ? n : 0;
+}
+
+Config node_config() {
+  try {
+    return load_config(state().args.config);
+  } catch (const ConfigError& e) {
+    throw std::runtime_error(std::string("node configuration: ") + e.what());
+  }
+}
+
+StepPlan plan_step(spank_t sp, uint32_t job) {
+  const State& s = state();
+  StepPlan plan{.job = job, .key = "job" + std::to_string(job)};
+  plan.user = job_user(sp);
+  plan.config = node_config();
+  const User& u = plan.user;
+  plan.record = {.key = plan.key,
+                 .space = plan.config.job_space,
+                 .uid = u.uid,
+                 .gid = u.gid,
+                 .groups = u.groups,
+                 .umask = job_umask(sp),
+                 .user = u.name,
+                 .home = u.home,
+                 .boot = boot_id(),
+                 .restarts = restart_count(sp)};
+  plan.launch = {.program = MONARCH_STAGER,
+                 .key = plan.key,
+                 .args = {"--dataset", s.request.dataset, "--config", s.args.config},
+                 .env = user_environment(u),
+                 .lock_path = job_dir(plan.config.tiers.at(0), plan.key) + "/" + kLockName,
+                 .timeout_s = plan.config.start_timeout_s,
+                 .setup = {.limits = job_limits(sp), .umask = plan.record.umask}};
+  plan.launch.env.push_back("SLURM_JOB_ID=" + std::to_string(job));
+  return plan;
+}
+
+// ---- prepare_tiers ----
+
+void prepare_tiers(const StepPlan& plan) {
+  for (const TierConfig& tc : plan.config.tiers) {
+    Tier tier = open_tier(tc, /*create=*/true);
+    TierLock lock(tier, plan.config.start_timeout_s + 10);
+    prepare_space(tier, plan.record, plan.user);
+  }
+}
+
+// ---- start_stager_for ----
+
+void start_stager_for(StepPlan& plan) {
+  StagerLaunch& launch = plan.launch;
+  launch.setup.user = &plan.user;
+  launch.setup.cgroups = job_cgroup_leaves(plan.job);
+  std::string tier0 = plan.config.tiers[0].path;
+  while (tier0.size() > 1 && tier0.back() == '/') tier0.pop_back();
+  launch.setup.cgroup_record = tier0 + "/.monarch/jobs/" + cgroup_record_name(plan.key);
+  StagerStart started = start_stager(launch);
+  if (started.state == StagerState::kFailed || started.state == StagerState::kTimeout)
+    throw std::runtime_error(started.message);
+}
+
+// ---- set_task_env ----
+
 // The tasks' environment for Monarch: the library appended to the user's
 // LD_PRELOAD (a nested step inherits it: appended once), the dataset as
 // given, the job directory on the first tier.
-void set_task_env(spank_t sp, const Config& config, const std::string& key, const Request& r) {
+void set_task_env(spank_t sp, const StepPlan& plan) {
   std::string preload = get_env(sp, "LD_PRELOAD");
   bool present = false;
   for (const std::string& e : preload_entries(preload)) present |= e == MONARCH_INTERPOSE_LIB;
-  if (!present) set_env(sp, "LD_PRELOAD", preload.empty() ? MONARCH_INTERPOSE_LIB
-                                                          : preload + ":" MONARCH_INTERPOSE_LIB);
-  set_env(sp, "MONARCH_DATASET", r.dataset);
-  set_env(sp, "MONARCH_JOB_DIR", job_dir(config.tiers.at(0), key));
-  if (r.verbose) set_env(sp, "MONARCH_LOG", "1");
+  if (!present)
+    set_env(sp, "LD_PRELOAD",
+            preload.empty() ? MONARCH_INTERPOSE_LIB : preload + ":" MONARCH_INTERPOSE_LIB);
+  set_env(sp, "MONARCH_DATASET", state().request.dataset);
+  set_env(sp, "MONARCH_JOB_DIR", job_dir(plan.config.tiers.at(0), plan.key));
+  if (state().request.verbose) set_env(sp, "MONARCH_LOG", "1");
 }
 
 // A step without Monarch: takes back what an earlier step's environment may
@@ -153,54 +240,13 @@ void clear_task_env(spank_t sp) {
   spank_unsetenv(sp, "MONARCH_JOB_DIR");
 }
 
-std::string step_name(uint32_t step) {
-  if (step == kBatchStep) return "batch";
-  if (step == kInteractiveStep) return "interactive";
-  return std::to_string(step);
-}
-
-template <class T>
-T item(spank_t sp, spank_item_t what, const char* name) {
-  T value{};
-  spank_err_t rc = spank_get_item(sp, what, &value);
-  if (rc != ESPANK_SUCCESS)
-    throw std::runtime_error(std::string("cannot get ") + name + ": " + spank_strerror(rc));
-  return value;
-}
-
-// Monarch for this step; throws with the reason it cannot be.
-void start_step(spank_t sp, const std::string& key) {
-  const State& s = state();
-  auto uid = item<uid_t>(sp, S_JOB_UID, "the job's uid");
-  auto gid = item<gid_t>(sp, S_JOB_GID, "the job's gid");
-  if (uid == 0) throw std::runtime_error("jobs of root do not use Monarch");
-  gid_t* gids = nullptr;
-  int ngids = 0;
-  std::vector<gid_t> groups;
-  if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &gids, &ngids) == ESPANK_SUCCESS && gids)
-    groups.assign(gids, gids + ngids);
-  User user = lookup_user(uid, gid, groups);
-
-  Config config;
-  try {
-    config = load_config(s.args.config);
-  } catch (const ConfigError& e) {
-    throw std::runtime_error(std::string("node configuration: ") + e.what());
-  }
-  for (const TierConfig& tier : config.tiers) make_job_dir(tier, key, user);
-
-  StagerLaunch launch{
-      .program = MONARCH_STAGER,
-      .args = {"--dataset", s.request.dataset, "--job", key, "--config", s.args.config},
-      .env = user_environment(user),
-      .lock_path = job_dir(config.tiers[0], key) + "/stager.lock",
-      .timeout_s = config.start_timeout_s,
-      .user = user};
-  launch.env.push_back("SLURM_JOB_ID=" + key.substr(3));
-  StagerStart started = start_stager(launch);
-  if (started.state == StagerState::kFailed || started.state == StagerState::kTimeout)
-    throw std::runtime_error(started.message);
-  set_task_env(sp, config, key, s.request);
+// Monarch off for this step: one log line, the environment taken back.
+void disable(spank_t sp, uint32_t job, uint32_t step, const std::string& why) {
+  State& s = state();
+  s.disabled = why;
+  s.plan.reset();
+  log_error("job " + std::to_string(job) + " step " + step_name(step) + ": disabled: " + why);
+  clear_task_env(sp);
 }
 
 }  // namespace
@@ -211,16 +257,25 @@ int remote_init_post_opt(spank_t sp) {
   auto job = item<uint32_t>(sp, S_JOB_ID, "the job id");
   auto step = item<uint32_t>(sp, S_JOB_STEPID, "the step id");
   if (step == kExternStep) return 0;  // no tasks there
-  std::string key = "job" + std::to_string(job);
   try {
-    start_step(sp, key);
+    s.plan = plan_step(sp, job);
+    prepare_tiers(*s.plan);
   } catch (const std::exception& e) {
-    s.disabled = e.what();
+    disable(sp, job, step, e.what());
   }
-  if (!s.disabled.empty()) {
-    log_error("job " + std::to_string(job) + " step " + step_name(step) +
-              ": disabled: " + s.disabled);
-    clear_task_env(sp);
+  return 0;
+}
+
+int remote_user_init(spank_t sp) {
+  State& s = state();
+  if (!s.plan) return 0;
+  uint32_t step = 0;
+  spank_get_item(sp, S_JOB_STEPID, &step);
+  try {
+    start_stager_for(*s.plan);
+    set_task_env(sp, *s.plan);
+  } catch (const std::exception& e) {
+    disable(sp, s.plan->job, step, e.what());
   }
   return 0;
 }

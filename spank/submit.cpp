@@ -97,8 +97,8 @@ int on_option(int id, const char* optarg, int remote) {
   std::string option = id == kDataset ? "monarch-dataset" : "monarch-report";
   // An srun inside a job inherits the job's options through the environment:
   // the job was accepted, so its steps run, without Monarch if need be.
-  std::string inherited_var = "SLURM_SPANK__SLURM_SPANK_OPTION_" + std::string(plugin_name) +
-                              "_" + (id == kDataset ? "monarch_dataset" : "monarch_report");
+  std::string inherited_var = "SLURM_SPANK__SLURM_SPANK_OPTION_" + std::string(plugin_name) + "_" +
+                              (id == kDataset ? "monarch_dataset" : "monarch_report");
   const char* inherited = std::getenv(inherited_var.c_str());
   if (std::getenv("SLURM_JOB_ID") && inherited && value == inherited) {
     log_error("--" + option + "=" + value + " (from the job): " + why);

@@ -26,7 +26,32 @@ def steady(s):
 
 
 def local_of(sc, name):
-    return sc["setups"]["Local/" + (name.split("/")[1] if "/" in name else "full")]
+    return sc["setups"].get("Local/" + (name.split("/")[1] if "/" in name else "full"))
+
+
+def ref_of(sc):
+    """The setup every other is compared with: PFS, or the direct read."""
+    return sc.get("ref", "PFS")
+
+
+def order_of(sc):
+    return sc.get("order", SETUP_ORDER)
+
+
+def exit_limit(sc, fit):
+    """The launch-to-exit time no setup can beat with a tier that holds `fit`
+    of the dataset (issue 11's table): the reader's own start, epoch 1 at the
+    emulated PFS's bandwidth (or Local's epoch 1 if slower: its compute, its
+    PFS reads), the later epochs at Local's speed, and the reader's own time
+    between epochs and at exit (all measured on the reference setup)."""
+    st, pfs = sc["setups"], sc.get("pfs")
+    loc, ref = st.get("Local/" + fit), st[ref_of(sc)]
+    if not loc or not pfs or "exit_seconds" not in ref:
+        return None
+    start = ref["start_seconds"]
+    tail = ref["exit_seconds"] - total(ref)
+    e = [x["seconds"] for x in loc["epochs"]]
+    return max(start + sc["bytes"] / (pfs["bandwidth_mbs"] * 1e6), e[0]) + sum(e[1:]) + tail
 
 
 def summarize(runs):
@@ -40,23 +65,40 @@ def summarize(runs):
                        "pfs": {k: int(statistics.median(e["pfs"][k] for e in es))
                                for k in es[0]["pfs"]}})
     totals = [sum(e["seconds"] for e in r["epochs"]) for r in runs]
-    return {"epochs": epochs, "start_seconds": statistics.median(r["start"]["seconds"] for r in runs),
-            "total_min": min(totals), "total_max": max(totals), "repeats": len(runs)}
+    out = {"epochs": epochs, "start_seconds": statistics.median(r["start"]["seconds"] for r in runs),
+           "total_min": min(totals), "total_max": max(totals), "repeats": len(runs)}
+    exits = [r["exit_seconds"] for r in runs if "exit_seconds" in r]
+    if len(exits) == len(runs):
+        out.update(exit_seconds=statistics.median(exits), exit_min=min(exits), exit_max=max(exits))
+    return out
 
 
 # ---------------------------------------------------------------- tables
+TITLES = {"issue": "issue 11's workload", "fastfs": "a dataset on the local disk (as fast as "
+          "the tier)", "partial": "a job reading one tenth of the dataset, once"}
+
+
 def scenario_table(sc):
     S = sc["bytes"]
     reps = max(s["repeats"] for s in sc["setups"].values())
-    head = (f"\n== {sc['dataset']} dataset, {sc['bound']}-bound: {sc['files']} files, "
-            f"{S / MiB:.0f} MiB, compute {sc['compute_ms_per_batch']:.1f} ms per batch; "
+    n = sc.get("epochs", 3)
+    ref = ref_of(sc)
+    pfs = sc.get("pfs")
+    where = (f"emulated PFS {pfs['latency_us'] / 1000:g} ms a read, {pfs['open_latency_us'] / 1000:g}"
+             f" ms an open, {pfs['bandwidth_mbs']} MB/s" if pfs else "the local disk")
+    title = TITLES.get(sc.get("name"), f"{sc['dataset']} dataset, {sc['bound']}-bound")
+    head = (f"\n== {title}: {sc['files']} files, {S / MiB:.0f} MiB on {where}, "
+            f"compute {sc['compute_ms_per_batch']:.1f} ms per batch; "
             f"page cache bounded to {sc['cache_budget'] / MiB:.0f} MiB"
             + (f"; medians of {reps} runs" if reps > 1 else ""))
+    epochs_head = "".join(f"{'epoch' + str(i + 1):>8}" for i in range(n))
+    traffic_head = "PFS opens/reads/MiB, epochs " + " | ".join(str(i + 1) for i in range(n))
     lines = [head,
-             f"{'setup':<13}{'start':>6}{'epoch1':>8}{'epoch2':>8}{'epoch3':>8}{'total':>8}"
-             f"{'/PFS':>6}{'/Local':>7}  {'PFS opens/reads/MiB, epochs 1 | 2 | 3':<44}notes"]
-    pfs = total(sc["setups"]["PFS"])
-    for name in SETUP_ORDER:
+             f"{'setup':<13}{'start':>6}{epochs_head}{'total':>8}{'/' + ref:>7}{'/Local':>7}"
+             f"{'exit':>7}{'/' + ref:>7}  {traffic_head:<44}notes"]
+    pfs_total = total(sc["setups"][ref])
+    ref_exit = sc["setups"][ref].get("exit_seconds")
+    for name in order_of(sc):
         s = sc["setups"].get(name)
         if not s:
             continue
@@ -72,12 +114,60 @@ def scenario_table(sc):
             notes.append(f"cached {s['cached_bytes'] / S:.0%}, index {s['index_seconds']:.2f} s")
         if s.get("dirty_mib_after_epoch1", 0) >= 1:
             notes.append(f"{s['dirty_mib_after_epoch1']:.0f} MiB unwritten after epoch 1")
-        lines.append(f"{name:<13}{s['start_seconds']:>6.1f}{e[0]:>8.2f}{e[1]:>8.2f}{e[2]:>8.2f}"
-                     f"{total(s):>8.2f}{total(s) / pfs:>6.2f}{total(s) / total(local_of(sc, name)):>7.2f}"
+        if s.get("cpu_job"):
+            notes.append(f"CPU s in epoch 1: job {s['cpu_job'][0] + s['cpu_job'][1]:.1f}, "
+                         f"PFS {s['cpu_pfs'][0] + s['cpu_pfs'][1]:.1f}")
+        if s.get("copies_off"):
+            notes.append("copies off (the file system is as fast as the tier)")
+        loc = local_of(sc, name)
+        vs_local = f"{total(s) / total(loc):>7.2f}" if loc else f"{'':>7}"
+        ex = s.get("exit_seconds")
+        exits = (f"{ex:>7.2f}{ex / ref_exit:>7.2f}" if ex and ref_exit else f"{'':>14}")
+        lines.append(f"{name:<13}{s['start_seconds']:>6.1f}" + "".join(f"{x:>8.2f}" for x in e)
+                     + f"{total(s):>8.2f}{total(s) / pfs_total:>7.2f}{vs_local}{exits}"
                      f"  {traffic:<44}{', '.join(notes)}")
+    if sc.get("part"):
+        for name in order_of(sc):
+            b = sc["setups"][name]["pfs_total_bytes_max"]
+            lines.append(f"{name}: PFS bytes, launch to exit (worst run): {b / MiB:.0f} MiB = "
+                         f"{b / S:.3f}x the dataset (the job reads {sc['part']:.0%} of it)")
+    for fit in ("full", "half"):
+        lim = exit_limit(sc, fit)
+        if lim and ref_exit:
+            lines.append(f"limit, launch to exit, tier holding the {'whole' if fit == 'full' else 'half'}"
+                         f" dataset: {lim:.2f} s = {lim / ref_exit:.2f}x {ref} (the reader's start, "
+                         f"epoch 1 at {pfs['bandwidth_mbs']} MB/s or Local/{fit}'s epoch 1, then "
+                         f"Local/{fit}'s epochs)")
     lines.append("epoch 1 counts from the job's launch, start-up included (start: launch to the "
                  "job's first read; Monarch: stager and index too),\nas does its PFS traffic; "
-                 "/Local: to Local of the same fit (half: the smallest files, as Monarch picks)")
+                 "/Local: to Local of the same fit (half: the smallest files, as Monarch picks); "
+                 "exit: launch to exit, teardown included")
+    return "\n".join(lines)
+
+
+def scale_text(x):
+    lines = [f"\n== scale: {x['files']} files in {x['dirs']} folders on the emulated PFS, "
+             f"{x['stat_latency_us']} us a stat (LOOKUP, GETATTR)",
+             f"first read, launch to bytes (medians of {len(x['first']['direct'])}): direct "
+             f"{x['first_direct'] * 1000:.1f} ms, Monarch {x['first_Monarch'] * 1000:.1f} ms "
+             f"(+{(x['first_Monarch'] - x['first_direct']) * 1000:.1f} ms)"]
+    for name in ("unpaced", "paced"):
+        r = x.get(name)
+        if not r:
+            continue
+        ix = r["stats"]["index"]
+        rate = ix["metadata_calls"] / ix["seconds"] if ix["seconds"] else 0
+        ops = sum(r["pfs"][k] for k in ("lookups", "getattrs", "readdirs", "opens"))
+        setting = x["index_rate"] if name == "paced" else 0
+        lines.append(
+            f"Monarch, index_rate {setting or 'unpaced'}: index {ix['files']} files in "
+            f"{ix['seconds']:.1f} s ({ix['metadata_calls']} metadata calls, {rate:.0f} a second); "
+            f"job saw it {r.get('index_seen_seconds', float('nan')):.1f} s after launch; map "
+            f"{r.get('map_bytes', 0) / max(1, ix['files']):.1f} bytes a file; stager peak RSS "
+            f"{r['stager_peak_rss_kib'] * 1024 / max(1, ix['files']):.0f} bytes a file "
+            f"({r['stager_peak_rss_kib'] / 1024:.0f} MiB); PFS metadata requests "
+            f"{ops / max(1, ix['files']):.2f} a file (lookups {r['pfs']['lookups']}, getattrs "
+            f"{r['pfs']['getattrs']}, readdirs {r['pfs']['readdirs']}, opens {r['pfs']['opens']})")
     return "\n".join(lines)
 
 
@@ -154,7 +244,7 @@ def fmt_tick(v):
 def svg(sc):
     """Three panels per setup: stacked epoch times, then MiB and read requests
     served by the PFS in each epoch; hover a bar for its figures."""
-    names = [n for n in SETUP_ORDER if n in sc["setups"]]
+    names = [n for n in order_of(sc) if n in sc["setups"]]
     st = sc["setups"]
     panel_w, gap, L, T, B = 380, 100, 70, 86, 110
     W, H = L + 3 * panel_w + 2 * gap + 30, 480
@@ -205,7 +295,7 @@ def svg(sc):
 
     def count_bars(key, scale):
         def bars(x, slot, y, name):
-            w = slot * 0.78 / 3
+            w = slot * 0.78 / len(st[names[0]]["epochs"])
             for k, e in enumerate(st[name]["epochs"]):
                 v = e["pfs"][key] / scale
                 bx, by = x + slot * 0.11 + k * w, y(v)
@@ -219,7 +309,7 @@ def svg(sc):
         return max(max(e["pfs"][key] for e in s["epochs"]) for s in st.values())
 
     panel(L, "seconds per epoch", max(total(s) for s in st.values()), "seconds", time_bars,
-          total(st["PFS"]), "PFS total")
+          total(st[ref_of(sc)]), ref_of(sc) + " total")
     x2 = L + panel_w + gap
     panel(x2, "MiB read from the PFS per epoch", max(top("bytes"), sc["bytes"]) / MiB, "MiB",
           count_bars("bytes", MiB), sc["bytes"] / MiB, "dataset size")
@@ -242,6 +332,8 @@ def goals(results):
         g.append({"goal": text, "figure": figure, "met": bool(met)})
 
     for sc in results["scenarios"]:
+        if sc.get("name", f"{sc['dataset']}-{sc['bound']}") in ("issue", "fastfs", "partial"):
+            continue
         tag = f"{sc['dataset']}/{sc['bound']}"
         st, S = sc["setups"], sc["bytes"]
         pfs, full, half = st["PFS"], st["Monarch/full"], st["Monarch/half"]
@@ -272,10 +364,67 @@ def goals(results):
                 add(f"{tag} {fit} fits: never slower than PFS",
                     f"{total(s):.2f} s vs {total(pfs):.2f} s = {r:.3f}x "
                     f"(PFS runs spread {pfs['total_min']:.2f}-{pfs['total_max']:.2f} s)", r <= 1.0)
+                if "exit_seconds" in s and "exit_seconds" in pfs:
+                    r = s["exit_seconds"] / pfs["exit_seconds"]
+                    add(f"{tag} {fit} fits: launch to exit at most 1.00x PFS (issue 11)",
+                        f"{s['exit_seconds']:.2f} s vs {pfs['exit_seconds']:.2f} s = {r:.3f}x",
+                        r <= 1.0)
         for fit, s in (("whole", full), ("half", half)):
             worst = s.get("epoch1_bytes_max", s["epochs"][0]["pfs"]["bytes"])
             add(f"{tag} {fit} fits: PFS bytes in epoch 1 at most 1.02x the dataset",
                 f"{worst / S:.4f}x (worst run)", worst <= 1.02 * S)
+    for sc in results["scenarios"]:
+        st, S, name = sc["setups"], sc["bytes"], sc.get("name")
+        mon = st.get("Monarch/full")
+        if name == "issue" and "exit_seconds" in mon:
+            r = mon["exit_seconds"] / st["PFS"]["exit_seconds"]
+            lim = exit_limit(sc, "full")
+            add("issue 11's workload: launch to exit at most 0.45x PFS",
+                f"{mon['exit_seconds']:.2f} s vs {st['PFS']['exit_seconds']:.2f} s = {r:.3f}x "
+                f"(limit {lim:.2f} s = {lim / st['PFS']['exit_seconds']:.2f}x)", r <= 0.45)
+            e1, floor = mon["epochs"][0]["seconds"], S / (sc["pfs"]["bandwidth_mbs"] * 1e6)
+            floor += st["PFS"]["start_seconds"]  # the reader's own start: epoch 1 counts from launch
+            add("issue 11's workload: epoch 1 within 1.05x of the PFS's bandwidth",
+                f"{e1:.2f} s from launch vs {floor:.2f} s (the reader's start, then "
+                f"{S / MiB:.0f} MiB at {sc['pfs']['bandwidth_mbs']} MB/s): {e1 / floor:.2f}x",
+                e1 <= 1.05 * floor)
+            r = steady(mon) / steady(st["Local/full"])
+            add("issue 11's workload: epochs 2-3 within 1.05x of Local",
+                f"{steady(mon):.2f} s vs {steady(st['Local/full']):.2f} s = {r:.3f}x", r <= 1.05)
+        if name == "fastfs" and "exit_seconds" in mon:
+            r = mon["exit_seconds"] / st["direct"]["exit_seconds"]
+            add("a dataset on the local disk: Monarch within 1.05x of the direct read",
+                f"{mon['exit_seconds']:.2f} s vs {st['direct']['exit_seconds']:.2f} s = {r:.3f}x "
+                f"(launch to exit; copies {'off' if mon.get('copies_off') else 'on'})", r <= 1.05)
+        if name == "partial":
+            b = mon["pfs_total_bytes_max"]
+            add("a job reading one tenth of the dataset once: PFS bytes at most 0.15x the dataset",
+                f"{b / S:.3f}x ({b / MiB:.0f} of {S / MiB:.0f} MiB, worst run, stager included)",
+                b <= 0.15 * S)
+    x = results.get("scale")
+    if x:
+        d = x["first_Monarch"] - x["first_direct"]
+        add(f"scale ({x['files']} files): first read within 20 ms of the direct run's",
+            f"{x['first_Monarch'] * 1000:.1f} ms vs {x['first_direct'] * 1000:.1f} ms "
+            f"(+{d * 1000:.1f} ms)", d <= 0.020)
+        for name in ("unpaced", "paced"):
+            r = x.get(name)
+            if not r:
+                continue
+            ix = r["stats"]["index"]
+            add(f"scale, index_rate {x['index_rate'] if name == 'paced' else 'unpaced'}: "
+                "Monarch stays on and the whole index completes",
+                f"{ix['files']} of {x['files']} files in {ix['seconds']:.1f} s",
+                ix["files"] == x["files"] and "index_seen_seconds" in r)
+            if name == "paced":
+                rate = ix["metadata_calls"] / ix["seconds"]
+                add(f"scale: the walk's rate within its index_rate ({x['index_rate']})",
+                    f"{rate:.0f} metadata calls a second", rate <= x["index_rate"] * 1.01)
+            per = r.get("map_bytes", 0) / max(1, ix["files"])
+            add(f"scale, index_rate {x['index_rate'] if name == 'paced' else 'unpaced'}: map at "
+                "most 100 bytes a file",
+                f"{per:.1f} bytes a file (stager peak RSS "
+                f"{r['stager_peak_rss_kib'] * 1024 / ix['files']:.0f} bytes a file)", per <= 100)
     m = results.get("micro", {})
     for ix in m.get("index", []):
         if ix["files"] >= 1_000_000 or len(m["index"]) == 1:
@@ -298,6 +447,8 @@ def report(r):
     out = []
     for sc in r["scenarios"]:
         out.append(scenario_table(sc))
+    if r.get("scale"):
+        out.append(scale_text(r["scale"]))
     for ex in r.get("explore", []):
         out.append(explore_table(ex))
     out.append(micro_text(r.get("micro", {})))
@@ -320,7 +471,8 @@ def main():
     print(report(r))
     if a.svg:
         for sc in r["scenarios"]:
-            with open(os.path.join(a.svg, f"bench-{sc['dataset']}-{sc['bound']}.svg"), "w") as f:
+            name = sc.get("name", f"{sc['dataset']}-{sc['bound']}")
+            with open(os.path.join(a.svg, f"bench-{name}.svg"), "w") as f:
                 f.write(svg(sc))
 
 

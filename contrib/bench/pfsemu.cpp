@@ -6,7 +6,9 @@
 //    cached by the kernel for at most 1 s.
 //  * Cost: each READ takes latency-us, then n/bandwidth on one shared link (a timeline reserved
 //    atomically: concurrent requests overlap their latency but share the bandwidth); each open
-//    of a regular file takes open-latency-us. Metadata requests are free.
+//    of a regular file takes open-latency-us. Each LOOKUP and GETATTR takes stat-latency-us
+//    (default 0: free; concurrent ones overlap, as round trips to a metadata server do; the
+//    kernel sends the LOOKUPs of one directory one at a time). READDIR is free.
 //  * --direct-io (default): FOPEN_DIRECT_IO, so no page cache and no readahead: each read()
 //    becomes READs of at most max_pages pages of the caller's buffer (256 unless the sysctl
 //    fs.fuse.max_pages_limit is raised, see IoRead: 1 MiB only if the buffer is page-aligned).
@@ -27,6 +29,9 @@
 //  * --stall-comm PREFIX: a fault, for tests: READ requests of a thread whose
 //    name (/proc/TID/comm) starts with PREFIX never complete, as if the PFS hung
 //    on them (until the session ends). "monarch-" stalls every read of a stager.
+//  * --inode-paths: an inode the kernel remembers is held as its path instead of an O_PATH
+//    descriptor, and each request opens it by path: for datasets of more files than the
+//    open-files limit (1.28 million). A file renamed in the source is then not followed.
 //  * SIGTERM/SIGINT/SIGHUP unmount, then write the final counts. Without --foreground the
 //    process daemonizes once mounted; the kernel holds requests until the FUSE handshake is
 //    done, so the mount point is usable as soon as the command returns.
@@ -73,8 +78,9 @@ constexpr unsigned kReadaheadKb = 1024;
 struct Options {
   std::string source, mount, counts, stall_comm;
   uint64_t latency_us = 1000, open_latency_us = 1000, bandwidth_mbs = 500, threads = 64;
+  uint64_t stat_latency_us = 0;     // per LOOKUP and GETATTR
   uint64_t attr_timeout_ms = 1000;  // how long the kernel may trust names and attributes
-  bool direct_io = true, foreground = false;
+  bool direct_io = true, foreground = false, inode_paths = false;
 };
 
 struct Counters {
@@ -83,7 +89,8 @@ struct Counters {
 
 // A source object the kernel holds a reference to; fuse_ino_t is its address (root: 1).
 struct Inode {
-  int fd = -1;  // O_PATH descriptor of the source object
+  int fd = -1;       // O_PATH descriptor of the source object (-1 with --inode-paths)
+  std::string path;  // with --inode-paths: relative to the source
   dev_t dev = 0;
   ino_t ino = 0;
   uint64_t nlookup = 0;
@@ -143,6 +150,25 @@ Inode& Node(fuse_ino_t ino) {
   return ino == FUSE_ROOT_ID ? g_root : *reinterpret_cast<Inode*>(ino);
 }
 
+// A descriptor of an inode's source object for one request: the inode's own,
+// or with --inode-paths one opened by its path for the request.
+class NodeFd {
+ public:
+  explicit NodeFd(const Inode& n) : fd_(n.fd), owned_(n.fd < 0) {
+    if (owned_) fd_ = openat(g_root.fd, n.path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  }
+  ~NodeFd() {
+    if (owned_ && fd_ >= 0) close(fd_);
+  }
+  NodeFd(const NodeFd&) = delete;
+  NodeFd& operator=(const NodeFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+  bool owned_;
+};
+
 std::string CountsJson() {
   const Counters& c = g_counts;
   char buf[256];
@@ -176,6 +202,12 @@ void SleepUntilNs(int64_t t) {
   timespec ts{static_cast<time_t>(t / 1000000000), static_cast<long>(t % 1000000000)};
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
   }
+}
+
+// Delays a metadata request (LOOKUP, GETATTR) that arrived at start_ns.
+void ChargeStat(int64_t start_ns) {
+  if (g_opt.stat_latency_us > 0)
+    SleepUntilNs(start_ns + static_cast<int64_t>(g_opt.stat_latency_us) * 1000);
 }
 
 // Delays a READ that arrived at start_ns and returns n bytes: first the latency, then an
@@ -229,8 +261,10 @@ void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
       FillCountsAttr(&e.attr);
       return (void)fuse_reply_entry(req, &e);
     }
+    const int64_t start = NowNs();
     g_counts.lookups++;
-    int fd = openat(Node(parent).fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    const Inode& dir = Node(parent);
+    int fd = openat(NodeFd(dir).get(), name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return (void)fuse_reply_err(req, errno);
     if (fstatat(fd, "", &e.attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
       int err = errno;
@@ -243,8 +277,12 @@ void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
       std::lock_guard<std::mutex> lock(g_inodes_mu);
       auto& slot = g_inodes[{e.attr.st_dev, e.attr.st_ino}];
       if (!slot) {
-        *fresh = Inode{fd, e.attr.st_dev, e.attr.st_ino, 0};
+        *fresh = Inode{fd, {}, e.attr.st_dev, e.attr.st_ino, 0};
         fd = -1;
+        if (g_opt.inode_paths) {
+          fresh->path = dir.path.empty() ? name : dir.path + "/" + name;
+          std::swap(fd, fresh->fd);  // closed below
+        }
         slot = std::move(fresh);
       }
       node = slot.get();
@@ -253,6 +291,7 @@ void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     if (fd >= 0) close(fd);
     e.ino = reinterpret_cast<fuse_ino_t>(node);
     e.attr_timeout = e.entry_timeout = AttrTimeout();
+    ChargeStat(start);
     fuse_reply_entry(req, &e);
   });
 }
@@ -263,7 +302,7 @@ void Forget(fuse_ino_t ino, uint64_t nlookup) {
   std::lock_guard<std::mutex> lock(g_inodes_mu);
   node.nlookup -= std::min(node.nlookup, nlookup);
   if (node.nlookup == 0) {
-    close(node.fd);
+    if (node.fd >= 0) close(node.fd);
     g_inodes.erase({node.dev, node.ino});
   }
 }
@@ -285,17 +324,19 @@ void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     fuse_reply_attr(req, &st, 0);
     return;
   }
+  const int64_t start = NowNs();
   g_counts.getattrs++;
-  if (fstatat(Node(ino).fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
+  if (fstatat(NodeFd(Node(ino)).get(), "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
     fuse_reply_err(req, errno);
     return;
   }
+  ChargeStat(start);
   fuse_reply_attr(req, &st, AttrTimeout());
 }
 
 void OnReadlink(fuse_req_t req, fuse_ino_t ino) {
   char buf[PATH_MAX + 1];
-  ssize_t n = readlinkat(Node(ino).fd, "", buf, PATH_MAX);
+  ssize_t n = readlinkat(NodeFd(Node(ino)).get(), "", buf, PATH_MAX);
   if (n < 0) return (void)fuse_reply_err(req, errno);
   buf[n] = '\0';
   fuse_reply_readlink(req, buf);
@@ -315,8 +356,9 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     const int64_t start = NowNs();
     g_counts.opens++;
     // Reopen the O_PATH descriptor for reading; the kernel already checked permissions.
-    const std::string path = "/proc/self/fd/" + std::to_string(Node(ino).fd);
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    NodeFd node(Node(ino));
+    const std::string path = "/proc/self/fd/" + std::to_string(node.get());
+    int fd = node.get() < 0 ? -1 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return (void)fuse_reply_err(req, errno);
     if (g_opt.open_latency_us > 0)
       SleepUntilNs(start + static_cast<int64_t>(g_opt.open_latency_us) * 1000);
@@ -370,7 +412,7 @@ void OnRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Guarded(req, [&] {
-    int fd = openat(Node(ino).fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = openat(NodeFd(Node(ino)).get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return (void)fuse_reply_err(req, errno);
     auto h = std::make_unique<DirHandle>();
     h->dir = fdopendir(fd);
@@ -513,11 +555,13 @@ void SignalThread() {
 }
 
 [[noreturn]] void Usage(int rc) {
-  fprintf(rc == 0 ? stdout : stderr,
-          "usage: monarch-pfsemu --source DIR --mount DIR [--latency-us N (1000)]\n"
-          "         [--open-latency-us N (1000)] [--bandwidth-mbs N (500, 0 = unlimited)]\n"
-          "         [--threads N (64)] [--direct-io | --cached] [--counts FILE] [--foreground]\n"
-          "         [--stall-comm THREAD-NAME-PREFIX] [--attr-timeout-ms N (1000)]\n");
+  fprintf(
+      rc == 0 ? stdout : stderr,
+      "usage: monarch-pfsemu --source DIR --mount DIR [--latency-us N (1000)]\n"
+      "         [--open-latency-us N (1000)] [--bandwidth-mbs N (500, 0 = unlimited)]\n"
+      "         [--stat-latency-us N (0)]\n"
+      "         [--threads N (64)] [--direct-io | --cached] [--counts FILE] [--foreground]\n"
+      "         [--stall-comm THREAD-NAME-PREFIX] [--attr-timeout-ms N (1000)] [--inode-paths]\n");
   exit(rc);
 }
 
@@ -557,6 +601,7 @@ void ParseArgs(int argc, char** argv) {
       // option -> (value, min)
       {"--latency-us", {&g_opt.latency_us, 0}},
       {"--open-latency-us", {&g_opt.open_latency_us, 0}},
+      {"--stat-latency-us", {&g_opt.stat_latency_us, 0}},
       {"--bandwidth-mbs", {&g_opt.bandwidth_mbs, 0}},
       {"--attr-timeout-ms", {&g_opt.attr_timeout_ms, 0}},
       {"--threads", {&g_opt.threads, 1}}};
@@ -582,6 +627,8 @@ void ParseArgs(int argc, char** argv) {
       (arg == "--cached" ? saw_cached : saw_direct) = true;
     } else if (!inline_value && arg == "--foreground") {
       g_opt.foreground = true;
+    } else if (!inline_value && arg == "--inode-paths") {
+      g_opt.inode_paths = true;
     } else {
       BadInput("unknown argument '" + std::string(argv[i]) + "' (see --help)");
     }

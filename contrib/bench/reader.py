@@ -6,6 +6,8 @@ snapshots the emulated PFS's counters in between, outside the timed epochs).
 
   reader.py tf  ROOT [--threads 4] [--compute-ms MS] [--cache DIR --cache-quota B] [--local DIR]
   reader.py img ROOT [--workers 4] [--compute-ms MS] [--cache DIR --cache-quota B] [--local DIR]
+  reader.py files ROOT [--procs 4] [--epochs N] [--part F] [--local DIR]
+  reader.py first ROOT --file REL [--wait-index]
 
 tf:  TFRecord-like (TensorFlow's TFRecordDataset with interleave): a new
      shuffled file order each epoch, --threads files read at once, each
@@ -13,6 +15,16 @@ tf:  TFRecord-like (TensorFlow's TFRecordDataset with interleave): a new
 img: ImageFolder-like (PyTorch): a DataLoader with fork workers, shuffled,
      64 files per batch, each file read whole with open().read() as Python
      and PIL do (fstat, read, read at EOF); the main process computes per batch.
+files: --procs forked reader processes, forked again each epoch (as a
+     DataLoader's workers are), splitting a shuffled order; each file read
+     whole with open().read(), no torch (a start of a few tens of ms).
+     --part F: only the first files in path order (whole class folders), as
+     many as fit in F of the dataset's bytes, read in a shuffled order.
+first: a job that wants one file: prints {"first_read": T} (CLOCK_MONOTONIC,
+     the clock the runner launched it by) once it has read REL; with
+     --wait-index it then waits until the job map exists ($MONARCH_JOB_DIR/index:
+     the stager has indexed the whole dataset), reads REL again and prints
+     {"index_seen": T, "map_bytes": B}.
 --compute-ms: time per batch standing for the model's work (0: I/O-bound).
 --cache DIR: the naive copy-on-first-read baseline (the seed's chapter 3,
      TensorFlow's cache stage): a file read from the PFS is written to DIR as
@@ -159,9 +171,64 @@ def epoch_img(root, files, a, cache, epoch):
     return n
 
 
+def epoch_files(files, a, epoch):
+    order = files[:]
+    random.Random(epoch).shuffle(order)
+    pids = []
+    for i in range(a.procs):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                for p in order[i::a.procs]:
+                    src = p
+                    if a.local:
+                        lp = os.path.join(a.local, os.path.relpath(p, a.root))
+                        if os.path.exists(lp):
+                            src = lp
+                    with open(src, "rb") as f:
+                        f.read()
+            except BaseException:
+                code = 1
+            os._exit(code)
+        pids.append(pid)
+    for pid in pids:
+        if os.waitpid(pid, 0)[1] != 0:
+            sys.exit("reader: a forked reader failed")
+    return len(order)
+
+
+def part_of(files, share):
+    """The first files in path order, as many as fit in `share` of the bytes."""
+    total = sum(os.path.getsize(p) for p in files)
+    out, got = [], 0
+    for p in files:
+        size = os.path.getsize(p)
+        if out and got + size > share * total:
+            break
+        out.append(p)
+        got += size
+    return out
+
+
+def first(a):
+    path = os.path.join(a.root, a.file)
+    with open(path, "rb") as f:
+        n = len(f.read())
+    print(json.dumps({"first_read": time.monotonic(), "bytes": n}), flush=True)
+    if a.wait_index:
+        index = os.path.join(os.environ["MONARCH_JOB_DIR"], "index")
+        while not os.path.exists(index):
+            time.sleep(0.01)
+        seen = time.monotonic()
+        with open(path, "rb") as f:
+            f.read()
+        print(json.dumps({"index_seen": seen, "map_bytes": os.path.getsize(index)}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=["tf", "img"])
+    ap.add_argument("kind", choices=["tf", "img", "files", "first"])
     ap.add_argument("root")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4)
@@ -170,10 +237,18 @@ def main():
     ap.add_argument("--cache")
     ap.add_argument("--cache-quota", type=int, default=0)
     ap.add_argument("--local")
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--part", type=float, default=1.0)
+    ap.add_argument("--file")
+    ap.add_argument("--wait-index", action="store_true")
     a = ap.parse_args()
+    if a.kind == "first":
+        return first(a)
     if a.kind == "img":
         import torch  # noqa: F401  (imported before the clock starts, as a training script does)
     files = sorted(os.path.join(d, n) for d, _, ns in os.walk(a.root) for n in ns)
+    if a.part < 1:
+        files = part_of(files, a.part)
     cache = Cache(a.cache, a.cache_quota) if a.cache else None
     random.seed(1)
     print(json.dumps({"ready": True, "files": len(files)}), flush=True)
@@ -184,6 +259,8 @@ def main():
         start = time.monotonic()
         if a.kind == "tf":
             n = epoch_tf(a.root, files, a, cache)
+        elif a.kind == "files":
+            n = epoch_files(files, a, e)
         else:
             n = epoch_img(a.root, files, a, cache, e)
         print(json.dumps({"epoch": e, "seconds": time.monotonic() - start, "files": n}), flush=True)

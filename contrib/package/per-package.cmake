@@ -19,10 +19,12 @@ elseif(MONARCH_PACKAGE STREQUAL "slurm")
   # Any 22.05.x: every Debian host that runs Slurm (slurmd, or only sbatch and
   # srun) has slurm-wlm-basic-plugins of exactly its Slurm version; SchedMD's
   # RPMs put the same in "slurm".
-  set(CPACK_DEBIAN_SLURM_PACKAGE_DEPENDS "monarch (= ${node_version}), \
+  # e2fsprogs: mke2fs makes the jobs' images (job_space = image).
+  set(CPACK_DEBIAN_SLURM_PACKAGE_DEPENDS "monarch (= ${node_version}), e2fsprogs, \
 slurm-wlm-basic-plugins (>= ${slurm_release}), \
 slurm-wlm-basic-plugins (<< ${CPACK_MONARCH_SLURM_NEXT_RELEASE})")
-  set(CPACK_RPM_SLURM_PACKAGE_REQUIRES "monarch = ${node_version}, slurm >= ${slurm_release}, \
+  set(CPACK_RPM_SLURM_PACKAGE_REQUIRES "monarch = ${node_version}, e2fsprogs, \
+slurm >= ${slurm_release}, \
 slurm < ${CPACK_MONARCH_SLURM_NEXT_RELEASE}")
 else()
   message(FATAL_ERROR "MONARCH_PACKAGE='${MONARCH_PACKAGE}': accepted: node, slurm. "

@@ -1,5 +1,10 @@
 #include "config.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+
 #include <boost/program_options/options_description.hpp>
 #include <boost/program_options/parsers.hpp>
 
@@ -12,6 +17,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+
+#include "jobmap.h"
 
 namespace monarch {
 namespace po = boost::program_options;
@@ -94,25 +101,32 @@ unsigned parse_count(const std::string& v, unsigned lo, unsigned hi) {
 constexpr const char* kQuotaAccepted =
     "a size such as 500G or a share of the file system such as 80%";
 
-// "80%" or a size. Throws std::invalid_argument with the reason, "" when
-// kQuotaAccepted says it all.
-void parse_quota(const std::string& v, TierConfig& tier) {
+// "80%" (a share, above 0 and at most 100) or a size ("500G"). Throws
+// std::invalid_argument with the reason, "" when the accepted values say it.
+struct Share {
+  uint64_t bytes = 0;
+  double percent = 0;
+};
+Share parse_share(const std::string& v) {
   if (!v.empty() && v.back() == '%') {
     char* end = nullptr;
     double p = std::strtod(v.c_str(), &end);
     if (end != v.c_str() + v.size() - 1 || !(p > 0 && p <= 100))
       throw std::invalid_argument("a percentage must be above 0 and at most 100");
-    tier.quota_percent = p;
-    tier.quota_bytes = 0;
-    return;
+    return {0, p};
   }
   try {
-    tier.quota_bytes = parse_size(v);
-    tier.quota_percent = 0;
+    return {parse_size(v), 0};
   } catch (const std::invalid_argument&) {
     throw std::invalid_argument("");
   }
-  if (tier.quota_bytes == 0) throw std::invalid_argument("must not be 0");
+}
+
+void parse_quota(const std::string& v, TierConfig& tier) {
+  Share q = parse_share(v);
+  if (!q.percent && !q.bytes) throw std::invalid_argument("must not be 0");
+  tier.quota_bytes = q.bytes;
+  tier.quota_percent = q.percent;
 }
 
 void check_tier_path(const std::string& path) {
@@ -199,9 +213,23 @@ const std::vector<KeyRule<Config>>& general_keys() {
        [](const std::string& v, Config& c) {
          if (!parse_bool(v, c.stage_ahead)) throw std::invalid_argument("");
        }},
+      {"stage_ahead_window", "a size such as 2G or a share of the dataset such as 5%",
+       [](const std::string& v, Config& c) {
+         Share w = parse_share(v);
+         c.stage_ahead_window = w.bytes;
+         c.stage_ahead_window_percent = w.percent;
+       }},
+      {"copy_fast_dataset", "yes, no",
+       [](const std::string& v, Config& c) {
+         if (!parse_bool(v, c.copy_fast_dataset)) throw std::invalid_argument("");
+       }},
       count_key("stall_timeout", 1, 60000, &Config::stall_timeout_ms),
+      count_key("index_rate", 0, 10'000'000, &Config::index_rate),
       count_key("start_timeout", 0, 3600, &Config::start_timeout_s),
       count_key("stop_timeout", 1, 600, &Config::stop_timeout_s),
+      choice_key<Config, JobSpace>(
+          "job_space", {{"image", JobSpace::kImage}, {"directory", JobSpace::kDirectory}},
+          &Config::job_space),
   };
   return keys;
 }
@@ -383,6 +411,39 @@ std::string human_bytes(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
   return buf;
+}
+
+// The dataset root as an absolute, lexically normal path, checked readable.
+std::string check_dataset(const std::string& given, const Config& config) {
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd)) cwd[0] = 0;
+  char norm[kPathMax];
+  if (normalize_path(cwd, given, norm, sizeof norm) < 0)
+    throw ConfigError("--dataset '" + given + "': path too long");
+  std::string root = norm;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  struct stat st;
+  if (stat(root.c_str(), &st) != 0)
+    throw ConfigError("--dataset " + root + ": " + std::string(std::strerror(errno)));
+  if (!S_ISDIR(st.st_mode)) throw ConfigError("--dataset " + root + ": not a directory");
+  if (access(root.c_str(), R_OK | X_OK) != 0)
+    throw ConfigError("--dataset " + root + ": cannot list it (" +
+                      std::string(std::strerror(errno)) + ")");
+  if (root == "/") throw ConfigError("--dataset /: the root file system cannot be a dataset");
+  char real[PATH_MAX];
+  std::string real_root = realpath(root.c_str(), real) ? real : root;
+  for (const TierConfig& t : config.tiers) {
+    char tr[PATH_MAX];
+    std::string tier_real = realpath(t.path.c_str(), tr) ? tr : t.path;
+    auto inside = [](const std::string& a, const std::string& b) {
+      return a == b ||
+             (a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '/');
+    };
+    if (inside(real_root, tier_real) || inside(tier_real, real_root))
+      throw ConfigError("--dataset " + root + " overlaps the node-local tier " + t.path +
+                        ": the dataset must live on the shared file system");
+  }
+  return root;
 }
 
 }  // namespace monarch

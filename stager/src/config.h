@@ -19,6 +19,13 @@ enum class Consistency {
   kOpen,  // every open compares the PFS file with the index; a changed file is read from the PFS
 };
 
+// What the Slurm plugin makes for a job on each tier (etc/monarch.conf,
+// job_space; README, "Tier directories"). monarch-run always uses directories.
+enum class JobSpace {
+  kImage,      // a file system image of the quota's size, loop-mounted: the quota holds
+  kDirectory,  // a plain directory: the quota binds the stager only
+};
+
 struct TierConfig {
   std::string name;          // from the section name [tier.NAME]
   std::string path;          // parent of the per-job directories
@@ -26,6 +33,10 @@ struct TierConfig {
   double quota_percent = 0;  // share of the tier's file system size, resolved at start
   uint64_t block_size = 4 << 20;
 };
+
+// The least window a share of the dataset gives: a few MiB save the PFS
+// nothing measurable, and a small dataset (a demo, a test) is staged whole.
+inline constexpr uint64_t kMinAheadWindow = 4 << 20;
 
 struct Config {
   std::vector<TierConfig> tiers;  // fastest first
@@ -35,9 +46,17 @@ struct Config {
   Consistency consistency = Consistency::kJob;
   uint64_t small_file_max = 1 << 20;
   bool stage_ahead = true;
-  unsigned stall_timeout_ms = 200;  // a reader waits at most this long for a copy without progress
+  // How far stage-ahead may copy ahead of the files readers have touched:
+  // bytes, or a share of the dataset (window_percent), resolved once indexed.
+  uint64_t stage_ahead_window = 0;
+  double stage_ahead_window_percent = 5;
+  bool copy_fast_dataset = false;  // copy a dataset that reads as fast as a tier
+  // A reader waits at most this long for a copy without progress.
+  unsigned stall_timeout_ms = 200;
+  unsigned index_rate = 0;  // metadata calls per second the index walk may make, 0: unpaced
   unsigned start_timeout_s = 30;
   unsigned stop_timeout_s = 10;
+  JobSpace job_space = JobSpace::kImage;
   std::string source;  // the file it was read from, for messages
 };
 
@@ -64,6 +83,11 @@ std::string job_dir(const TierConfig& tier, const std::string& job);
 
 // A job key is what names the job's directories: letters, digits, '.', '_', '-'.
 bool valid_job_key(std::string_view job);
+
+// The dataset root `given` (relative to the working directory, or absolute)
+// as an absolute, lexically normal path, checked to be a directory the caller
+// can list and outside every tier. Throws ConfigError saying what is wrong.
+std::string check_dataset(const std::string& given, const Config& config);
 
 // Formats a byte count for people: "1.5 GiB".
 std::string human_bytes(double bytes);

@@ -104,7 +104,7 @@ bool Copier::set_state(uint32_t file, uint32_t expect, uint32_t want) {
 }
 
 void Copier::place(uint32_t file) {
-  if (file >= map_.size()) return count(s_ignored);
+  if (file >= map_.size() || map_.header().copies_off.load()) return count(s_ignored);
   uint32_t s = map_.entry(file).state.load();
   if (state_of(s) == kNone && set_state(file, s, make_state(kQueued, 0, coarse_now()))) {
     std::lock_guard lock(mu_);
@@ -133,10 +133,10 @@ bool Copier::data(uint32_t file, int memfd, int pfs_fd) {
   // The bytes are taken only from a reader that proves where they come from:
   // it read them from `pfs_fd`, which must be the very version the index holds.
   struct stat pst, mst;
-  bool ok = file < map_.size() && state_of(map_.entry(file).state.load()) == kClaimed &&
-            fstat(pfs_fd, &pst) == 0 && S_ISREG(pst.st_mode) && map_.same_version(file, pst) &&
-            fstat(memfd, &mst) == 0 && S_ISREG(mst.st_mode) &&
-            uint64_t(mst.st_size) == map_.entry(file).size;
+  bool ok = file < map_.size() && !map_.header().copies_off.load() &&
+            state_of(map_.entry(file).state.load()) == kClaimed && fstat(pfs_fd, &pst) == 0 &&
+            S_ISREG(pst.st_mode) && map_.same_version(file, pst) && fstat(memfd, &mst) == 0 &&
+            S_ISREG(mst.st_mode) && uint64_t(mst.st_size) == map_.entry(file).size;
   close(pfs_fd);
   if (!ok) {
     close(memfd);
@@ -212,6 +212,24 @@ void Copier::reap() {
   if (freed) rescan();
 }
 
+void Copier::judge_the_pfs() {
+  if (!opt_.fast_fs_check || counters_[s_copies_off].load()) return;
+  uint64_t opens = counters_[s_pfs_opens].load(), open_ns = counters_[s_pfs_open_ns].load();
+  uint64_t bytes = counters_[s_pfs_bytes].load(), read_ns = counters_[s_pfs_read_ns].load();
+  if (opens < kJudgeOpens || bytes < kJudgeBytes || !read_ns) return;
+  double open_us = double(open_ns) / double(opens) / 1e3;
+  double gbs = double(bytes) / double(read_ns);  // per copy thread, GB/s
+  if (open_us > kFastOpenUs || gbs < kFastGBs) return;
+  spdlog::info(
+      "the dataset's file system is as fast as a local tier (open {:.0f} us, reads {:.1f} "
+      "GB/s per thread): no more copies, the job reads it directly",
+      open_us, gbs);
+  counters_[s_copies_off] = 1;
+  map_.header().copies_off.store(1, std::memory_order_release);
+  std::lock_guard lock(mu_);
+  cv_.notify_all();
+}
+
 bool Copier::idle() const {
   std::lock_guard lock(mu_);
   return urgent_.empty() && paused_.empty() && running_ == 0 && !rescan_ &&
@@ -247,12 +265,21 @@ bool Copier::next_job(Job& job) {
       running_++;
       return true;
     }
-    if (opt_.stage_ahead) {
+    bool waiting_for_readers = false;
+    if (opt_.stage_ahead && !map_.header().copies_off.load(std::memory_order_relaxed)) {
       while (backlog_next_ < map_.size()) {
-        uint32_t f = backlog_[backlog_next_++];
+        uint32_t f = backlog_[backlog_next_];
         uint32_t s = map_.entry(f).state.load();
+        // A file a reader read from the PFS is not ahead: the job reads it.
+        bool demanded = aux_of(s) & kTouched;
+        if (state_of(s) == kNone && !demanded && !window_room(map_.entry(f).size)) {
+          waiting_for_readers = true;  // far enough ahead: until readers open some of it
+          break;
+        }
+        backlog_next_++;
         if (state_of(s) == kNone && set_state(f, s, make_state(kQueued, 0, coarse_now()))) {
-          job = Job{.file = f};
+          job = Job{.file = f, .ahead = !demanded};
+          if (job.ahead) ahead_bytes_ += map_.entry(f).size;
           running_++;
           return true;
         }
@@ -264,8 +291,17 @@ bool Copier::next_job(Job& job) {
       }
     }
     rescan_ = false;
-    cv_.wait(lock);
+    if (waiting_for_readers)
+      cv_.wait_for(lock, std::chrono::milliseconds(50));  // readers do not call: look again
+    else
+      cv_.wait(lock);
   }
+}
+
+bool Copier::window_room(uint64_t size) const {
+  uint64_t touched = map_.header().ahead_touched.load(std::memory_order_relaxed);
+  uint64_t unread = ahead_bytes_ > touched ? ahead_bytes_ - touched : 0;
+  return size <= opt_.ahead_window && unread + size <= opt_.ahead_window;
 }
 
 std::string Copier::tmp_name(uint32_t file) const {
@@ -323,8 +359,10 @@ bool Copier::begin(Job& job) {
     return false;
   }
   if (job.memfd < 0) {
+    uint64_t t0 = monotonic_ns();
     job.src = openat(opt_.root_fd, rel.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     count(s_pfs_opens);
+    count(s_pfs_open_ns, monotonic_ns() - t0);
     struct stat st;
     if (job.src < 0 || fstat(job.src, &st) != 0) {
       spdlog::info("cannot read {}: {}; it will be read from the PFS", rel, std::strerror(errno));
@@ -472,7 +510,14 @@ void Copier::finish(Job& job) {
     return abandon(job, kFailed);
   }
   placement_.written(job.tier, e.size);
-  if (!set_state(job.file, job.copying, make_state(kCached, job.tier))) {
+  // Made ahead of any reader: readers mark it when they open it (kTouched).
+  bool ahead = job.ahead && job.memfd < 0 && !job.urgent && !boost_[job.slot];
+  if (!ahead && job.ahead) {
+    std::lock_guard lock(mu_);
+    ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, e.size);  // a reader asked meanwhile
+    job.ahead = false;
+  }
+  if (!set_state(job.file, job.copying, make_state(kCached, job.tier, ahead ? kAhead : 0))) {
     // Marked stale while it was written: the copy goes, the PFS serves.
     unlinkat(tier_fd, final_name.c_str(), 0);
     placement_.release(job.tier, e.size);
@@ -489,11 +534,17 @@ void Copier::finish(Job& job) {
   }
   count(s_copy_ns, monotonic_ns() - job.started_ns);
   last_copy_ns_ = monotonic_ns();
+  judge_the_pfs();
   job.tier = -1;
   close_files(job, false);
 }
 
 void Copier::abandon(Job& job, FileState state) {
+  if (job.ahead && state != kQueued) {  // no copy ahead after all
+    std::lock_guard lock(mu_);
+    ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, map_.entry(job.file).size);
+    job.ahead = false;
+  }
   if (job.dst >= 0 || job.slot >= 0) {
     std::string tmp = tmp_name(job.file);
     if (job.tier >= 0) unlinkat(opt_.tier_fds[job.tier], tmp.c_str(), 0);

@@ -36,6 +36,8 @@ struct CopierOptions {
   std::vector<uint64_t> block_sizes;
   unsigned threads = 4;
   bool stage_ahead = true;
+  uint64_t ahead_window = ~0ull;  // bytes of unread copies stage-ahead may have made
+  bool fast_fs_check = true;      // stop copying when the PFS is as fast as a tier
 };
 
 class Copier {
@@ -75,7 +77,8 @@ class Copier {
   struct Job {
     uint32_t file;
     bool urgent = false;
-    int memfd = -1;  // kData: bytes from a reader
+    bool ahead = false;  // from the stage-ahead backlog, counted in ahead_bytes_
+    int memfd = -1;      // kData: bytes from a reader
     int tier = -1, slot = -1, src = -1, dst = -1;
     uint32_t copying = 0;  // the state word begin() set, 0 before
     std::string rel;       // the path begin() read from the map
@@ -93,6 +96,19 @@ class Copier {
   void abandon(Job& job, FileState state);
   void close_files(Job& job, bool keep_memfd);
   void drop_stale_copy(uint32_t file);
+  // After some copies: is the dataset's file system so fast (a local disk,
+  // an all-flash PFS) that reading copies cannot beat reading it? Then no
+  // more copies are made (Header::copies_off), and readers read it directly.
+  void judge_the_pfs();
+  static constexpr uint64_t kJudgeOpens = 32, kJudgeBytes = 32 << 20;
+  // A PFS open costs a metadata server's round trip (hundreds of us and more);
+  // a local file system's, tens of us. The bandwidth floor keeps copying from
+  // a file system that opens fast but reads slowly (NFS with cached attributes
+  // over 1 GbE: 0.03 GB/s a thread). Measured by the copy threads during a
+  // job (contrib/bench/run, 4 readers and 4 copy threads on 2 busy cores):
+  // the local disk 4-11 us an open, 0.14-0.18 GB/s a thread; the emulated
+  // PFS (1 ms, 400 MB/s) 1.4-2.2 ms, 0.08-0.10 GB/s.
+  static constexpr double kFastOpenUs = 100, kFastGBs = 0.1;
   std::string tmp_name(uint32_t file) const;
   bool make_parents(int tier, std::string_view rel);
   void count(StagerCounter c, uint64_t n = 1) {
@@ -111,6 +127,11 @@ class Copier {
   std::deque<Job> urgent_, paused_;
   std::vector<uint32_t> backlog_;  // stage-ahead order: file ids by size
   uint64_t backlog_next_ = 0;
+  uint64_t ahead_bytes_ = 0;  // copies made (or under way) ahead of any reader
+  // Whether a copy of `size` bytes made ahead keeps the copies readers have not
+  // opened within the window: never above it, so that a job reading a part of
+  // the dataset costs the PFS at most that part plus the window. REQUIRES mu_
+  bool window_room(uint64_t size) const;
   bool rescan_ = false;
   std::atomic<bool> stopping_{false};
   int running_ = 0;

@@ -55,6 +55,7 @@ namespace monarch {
   X(copy_bytes, "bytes of those copies")                                             \
   X(copy_ns, "time spent in those copies, summed over copy threads")                 \
   X(pfs_opens, "opens sent to the PFS by the stager")                                \
+  X(pfs_open_ns, "time spent in those opens")                                        \
   X(pfs_reads, "reads sent to the PFS by the stager")                                \
   X(pfs_bytes, "bytes read from the PFS by the stager")                              \
   X(pfs_read_ns, "time spent in those reads")                                        \
@@ -69,7 +70,8 @@ namespace monarch {
   X(tier_full, "times a tier's file system ran out of space")                        \
   X(requests, "requests received from the job's processes")                          \
   X(ignored, "requests ignored (another generation, or nothing to do)")              \
-  X(preemptions, "background copies paused for a reader's request")
+  X(preemptions, "background copies paused for a reader's request")                  \
+  X(copies_off, "1 when copying stopped: the dataset's file system is as fast as a tier")
 
 enum StagerCounter : int {
 #define MONARCH_STAGER_ENUM(name, meaning) s_##name,

@@ -19,13 +19,15 @@ struct IndexOptions {
   uint64_t small_file_max = 0;
   uint64_t stall_ns = 0;
   uint64_t generation = 0;
+  uint64_t index_rate = 0;  // metadata calls per second the walk may make, 0: unpaced
 };
 
 struct IndexStats {
   uint64_t files = 0, bytes = 0, dirs = 0;
-  uint64_t skipped = 0;     // symbolic links, devices, sockets, fifos: read from the PFS
-  uint64_t unreadable = 0;  // directories that could not be listed
-  double seconds = 0;       // walk and write
+  uint64_t skipped = 0;         // symbolic links, devices, sockets, fifos: read from the PFS
+  uint64_t unreadable = 0;      // directories that could not be listed
+  double seconds = 0;           // walk and write
+  uint64_t metadata_calls = 0;  // stat and opendir calls the walk made
 };
 
 // A mapped job map, owned: unmapped on destruction.

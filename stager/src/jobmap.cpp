@@ -93,12 +93,16 @@ JobMap::JobMap(void* base, size_t size) {
   root_dev_ = live.root_dev;
   root_ino_ = live.root_ino;
   auto add_dev = [this](uint64_t d) {
-    for (int i = 0; i < dev_count_; ++i)
+    for (int i = 0; i < dev_count_ && i < kDevs; ++i)
       if (devs_[i] == d) return;
-    if (dev_count_ < kDevs) devs_[dev_count_++] = d;
+    if (dev_count_ < kDevs)
+      devs_[dev_count_++] = d;
+    else
+      dev_count_ = kDevs + 1;  // overflowed: see dataset_dev()
   };
   add_dev(root_dev_);
   for (uint64_t a = 0; a < attrs_count_; ++a) add_dev(attrs_[a].dev);
+  for (uint64_t d = 0; d < dirs_; ++d) add_dev(dir_entries_[d].dev);
   generation_ = live.generation;
   small_file_max_ = live.small_file_max;
   stall_ns_ = live.stall_ns;
@@ -180,6 +184,7 @@ int64_t JobMap::find_dir_inode(uint64_t dev, uint64_t ino) const {
 }
 
 bool JobMap::dataset_dev(uint64_t dev) const {
+  if (dev_count_ > kDevs) return true;  // too many to list: every device may hold dataset files
   for (int i = 0; i < dev_count_; ++i)
     if (devs_[i] == dev) return true;
   return false;

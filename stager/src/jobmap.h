@@ -83,6 +83,12 @@ inline constexpr uint32_t aux_of(uint32_t w) {
 // descriptor of its copy still reads the right ones. Without kNamesOnly the
 // bytes may have changed (a write, a truncate, another version on the PFS).
 inline constexpr uint32_t kCopyToDelete = 1, kNamesOnly = 2;
+// `aux` of kCached: the copy was made ahead (stage-ahead), before any reader
+// asked for it; and a reader has opened it since. kTouched also in kNone: a
+// reader read the file from the PFS, too large to hand over. Stage-ahead
+// copies at most a window of bytes ahead of what readers have touched, so
+// readers that outrun the copies (epoch 1 of training) pull it along.
+inline constexpr uint32_t kAhead = 1, kTouched = 2;
 
 // Time in the 24 bits of `aux`: CLOCK_MONOTONIC in units of 2^20 ns (about
 // 1 ms), wrapping every 4.9 hours; ages are taken modulo the wrap.
@@ -162,6 +168,8 @@ struct Header {
   std::atomic<uint32_t> stopping;   // the stager is shutting down: do not wait for it
   std::atomic<uint32_t> next_slot;  // next free ProcSlot
   std::atomic<uint64_t> copied_ns;  // CLOCK_MONOTONIC of the last progress of any copy (or start)
+  std::atomic<uint64_t> ahead_touched;  // bytes of copies made ahead that readers have opened
+  std::atomic<uint32_t> copies_off;     // the dataset's file system is fast: no copy is worth it
   CopySlot copies[kCopySlots];
 };
 
@@ -227,7 +235,10 @@ class JobMap {
   int64_t find(std::string_view rel) const;
   int64_t find_dir(std::string_view rel) const;
   // Id of the file or directory with this identity, or -1 (kRootDir: the root).
+  // A file with several names (hard links) has an entry per name: for_each_inode.
   int64_t find_inode(uint64_t dev, uint64_t ino) const;
+  template <typename F>
+  void for_each_inode(uint64_t dev, uint64_t ino, F f) const;
   int64_t find_dir_inode(uint64_t dev, uint64_t ino) const;
   static constexpr int64_t kRootDir = -2;
   // Is `dev` a device some dataset file or directory lives on?
@@ -257,7 +268,7 @@ class JobMap {
                 Path path) const;
 
   std::string_view why_ = "not mapped";
-  static constexpr int kDevs = 8;
+  static constexpr int kDevs = 64;  // more, and every device counts as the dataset's
   uint64_t devs_[kDevs] = {};
   int dev_count_ = 0;
   const uint32_t* ino_buckets_ = nullptr;
@@ -276,6 +287,21 @@ class JobMap {
   char root_[kPathMax] = "", real_root_[kPathMax] = "";
   char tier_dirs_[kMapTiers][kPathMax] = {};
 };
+
+template <typename F>
+void JobMap::for_each_inode(uint64_t dev, uint64_t ino, F f) const {
+  uint64_t n = ino_bucket_count_;
+  if (n == 0) return;
+  uint64_t b = bucket_of(hash(dev, ino), n);
+  for (uint64_t tries = 0; tries < n; ++tries, b = b + 1 == n ? 0 : b + 1) {
+    uint32_t v = ino_buckets_[b];
+    if (v == 0) return;
+    if (v - 1 < files_ && entries_[v - 1].ino == ino) {
+      const Attr* a = attr(v - 1);
+      if (!a || a->dev == dev) f(uint32_t(v - 1));
+    }
+  }
+}
 
 uint64_t monotonic_ns();
 int64_t to_ns(const timespec& t);

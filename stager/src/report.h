@@ -5,6 +5,7 @@
 // except write_reports; thread-safe; no global state.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -145,16 +146,33 @@ std::string report_svg(const std::string& json);
 // Every counter of the statistics with its meaning (from counters.h).
 std::string explain_text();
 
+// The most statistics monarch-report reads: a job's stats.json is a few
+// hundred KiB (the time series is capped; an epoch takes about 1 KiB, and
+// 16 MiB hold 17,000 epochs). Parsing takes about 65 times the file's size
+// (measured: 16 MiB, 1.0 GiB and 6 s), which keeps the report at a job's
+// end within its 2 GiB and 20 s. A larger file is refused unread.
+inline constexpr size_t kMaxStatsBytes = 16 << 20;
+
 // Writes `text` to `path` through a new temporary file in the same directory
-// and rename(2): readers see the old file or the new one, never a part.
-// Throws std::runtime_error naming the path.
+// (O_EXCL | O_NOFOLLOW, mode 0666 less the umask) and rename(2): readers see
+// the old file or the new one, never a part. Throws std::runtime_error
+// naming the path.
 void write_atomically(const std::string& path, const std::string& text);
 
-// Writes monarch-<job>.txt, .json and .svg into `dir`, each atomically, as
-// the calling user. Every node of a job writes into the same directory: when
-// monarch-<job>.json there is another host's report, the names become
-// monarch-<job>-<host>.*. Returns the three paths. Throws ReportError (bad
-// input) or std::runtime_error (cannot write).
+// Writes monarch-<job>.txt, .json and .svg into `dir`, as the calling user,
+// safely in a directory other users can write (a shared report_dir): the
+// files are made in a private directory made there (O_EXCL, mode 0666 less
+// the umask) and renamed into place, never replacing anything that is not
+// the caller's own regular file, never following a link. Every node of a
+// job writes into the same directory: when monarch-<job>.json there is
+// another host's report, the names become monarch-<job>-<host>.*; when a
+// name is held by another user, monarch-<job>-<host>-<random>.*. Returns the
+// three paths. Throws ReportError (bad input) or std::runtime_error (cannot
+// write).
 std::vector<std::string> write_reports(const std::string& json, const std::string& dir);
+
+// Writes monarch-<job>.txt in `dir`, as write_reports would, holding only
+// `line`: what the job's end says when there is no report to write.
+std::string write_note(const std::string& job, const std::string& line, const std::string& dir);
 
 }  // namespace monarch

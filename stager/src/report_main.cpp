@@ -16,6 +16,7 @@
 #include <iostream>
 #include <regex>
 
+#include "config.h"
 #include "report.h"
 
 namespace {
@@ -23,7 +24,7 @@ namespace {
 // What monarch-report accepts: each mode's flag ("" for the summary), its
 // arguments and what it does. The usage text and the parser both read this
 // table; monarch-report(1) documents each row (a test compares).
-enum class Mode { kSummary, kJson, kSvg, kWrite, kExplain, kHelp };
+enum class Mode { kSummary, kJson, kSvg, kWrite, kWriteJob, kExplain, kHelp };
 struct ModeRule {
   Mode mode;
   const char* flag;
@@ -36,6 +37,10 @@ const std::vector<ModeRule>& modes() {
       {Mode::kJson, "--json", {"FILE|JOBID"}, "the report JSON (schema monarch-report/1)"},
       {Mode::kSvg, "--svg", {"OUT", "FILE|JOBID"}, "the picture, written to OUT"},
       {Mode::kWrite, "--write", {"DIR", "STATS"}, "the .txt, .json and .svg into DIR"},
+      {Mode::kWriteJob,
+       "--write",
+       {"DIR", "STATS", "--job", "KEY"},
+       "the same; statistics that cannot be read leave DIR/monarch-KEY.txt saying why"},
       {Mode::kExplain, "--explain", {}, "every counter of the statistics and its meaning"},
       {Mode::kHelp, "--help", {}, "this text (also -h)"},
   };
@@ -64,19 +69,37 @@ struct Failure {
   std::string path, message;
 };
 
+// The whole of a statistics or report file, at most kMaxStatsBytes: a
+// larger file (or a device that never ends) is refused, not read.
 std::string read_file(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw Failure{path, std::string("cannot read: ") + std::strerror(errno)};
   struct stat st;
   if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
     close(fd);
     throw Failure{path, "cannot read: Is a directory"};
   }
+  auto too_large = [&path](double size) {
+    return Failure{path, (size > 0 ? monarch::human_bytes(size) : std::string("more")) +
+                             " of statistics, above the " +
+                             monarch::human_bytes(double(monarch::kMaxStatsBytes)) +
+                             " a job's statistics can take: not read (a stager never writes "
+                             "that much; was the file replaced?)"};
+  };
+  if (S_ISREG(st.st_mode) && size_t(st.st_size) > monarch::kMaxStatsBytes) {
+    close(fd);
+    throw too_large(double(st.st_size));
+  }
   std::string text;
   char buf[1 << 16];
   ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+  while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
     if (n > 0) text.append(buf, size_t(n));
+    if (text.size() > monarch::kMaxStatsBytes) {
+      close(fd);
+      throw too_large(0);
+    }
+  }
   int err = errno;
   close(fd);
   if (n < 0) throw Failure{path, std::string("cannot read: ") + std::strerror(err)};
@@ -128,16 +151,20 @@ std::vector<std::string> inputs(const std::string& arg) {
 const ModeRule& mode_of(const std::vector<std::string>& args) {
   if (args.empty()) throw Usage("no arguments");
   std::string flag = args[0] == "-h" ? "--help" : args[0].starts_with("-") ? args[0] : "";
+  size_t given = args.size() - (flag.empty() ? 0 : 1);
+  const ModeRule* known = nullptr;
   for (const ModeRule& m : modes()) {
     if (flag != m.flag) continue;
-    size_t given = args.size() - (flag.empty() ? 0 : 1);
-    if (given != m.args.size())
-      throw Usage((flag.empty() ? std::string("the summary") : flag) + " takes " +
-                  std::to_string(m.args.size()) + " argument(s), " + std::to_string(given) +
-                  " given");
-    return m;
+    known = &m;
+    bool fits = given == m.args.size();
+    for (size_t i = 0; fits && i < m.args.size(); ++i)  // literal words: "--job"
+      fits = !std::string_view(m.args[i]).starts_with("--") || args[i + 1] == m.args[i];
+    if (fits) return m;
   }
-  throw Usage("unknown option " + flag);
+  if (!known) throw Usage("unknown option " + flag);
+  throw Usage((flag.empty() ? std::string("the summary") : flag) + " takes " +
+              std::to_string(known->args.size()) + " argument(s), " + std::to_string(given) +
+              " given");
 }
 
 int run(const std::vector<std::string>& args) {
@@ -149,15 +176,26 @@ int run(const std::vector<std::string>& args) {
     case Mode::kExplain:
       std::cout << monarch::explain_text();
       return 0;
-    case Mode::kWrite: {
-      std::string text = read_file(args[2]);
+    case Mode::kWrite:
+    case Mode::kWriteJob:
       try {
-        for (const std::string& p : monarch::write_reports(text, args[1])) std::cout << p << "\n";
-      } catch (const monarch::ReportError& e) {
-        throw Failure{args[2], e.what()};
+        std::string text = read_file(args[2]);
+        try {
+          for (const std::string& p : monarch::write_reports(text, args[1])) std::cout << p << "\n";
+        } catch (const monarch::ReportError& e) {
+          throw Failure{args[2], e.what()};
+        }
+      } catch (const Failure& f) {
+        // At a job's end: the user finds why in place of the report.
+        if (m.mode == Mode::kWriteJob)
+          std::cout << monarch::write_note(args[4],
+                                           "monarch-report: " + f.path + ": " + f.message +
+                                               "; no report for this job",
+                                           args[1])
+                    << "\n";
+        throw;
       }
       return 0;
-    }
     case Mode::kSummary:
     case Mode::kJson:
     case Mode::kSvg:

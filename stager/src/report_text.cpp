@@ -1,15 +1,7 @@
 // The report's text forms: the terminal summary, the report JSON, the
-// counters' meanings; and writing them into a directory.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
+// counters' meanings (report_write.cpp writes them into a directory).
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "config.h"
@@ -240,65 +232,6 @@ std::string explain_text() {
   for (int i = 0; i < kNumStagerCounters; ++i)
     o << "  stager." << kStagerCounters[i].name << ": " << kStagerCounters[i].meaning << "\n";
   return o.str();
-}
-
-void write_atomically(const std::string& path, const std::string& text) {
-  static std::atomic<unsigned> serial{0};
-  std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(serial++);
-  // O_EXCL: a name nobody else made, so no link planted there is followed or truncated.
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  int err = fd < 0 ? errno : 0;
-  for (size_t done = 0; !err && done < text.size();) {
-    ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno != EINTR) err = errno;
-    if (n > 0) done += size_t(n);
-  }
-  if (!err && fsync(fd) != 0) err = errno;
-  if (fd >= 0 && close(fd) != 0 && !err) err = errno;
-  if (!err && rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (!err) return;
-  if (fd >= 0) unlink(tmp.c_str());
-  throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
-}
-
-std::vector<std::string> write_reports(const std::string& json, const std::string& dir) {
-  Figures f = figures(json);
-  if (!valid_job_key(f.job)) throw ReportError("a job key that cannot name a file: " + f.job);
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0)
-    throw std::runtime_error("cannot write reports into " + dir + ": " + std::strerror(errno));
-  if (!S_ISDIR(st.st_mode))
-    throw std::runtime_error("cannot write reports into " + dir + ": not a directory");
-  std::string base = dir + "/monarch-" + f.job;
-  std::string report = report_json(json);
-  // Claim monarch-<job>.json with link(2), which never replaces: the first
-  // node of a job gets the plain names, another host's report is kept and
-  // this one is named after its host. A rerun on the same host replaces its own.
-  std::string tmp = base + ".json.claim." + std::to_string(getpid());
-  write_atomically(tmp, report);
-  if (link(tmp.c_str(), (base + ".json").c_str()) != 0) {
-    if (errno == EEXIST && !f.host.empty() && valid_job_key(f.host)) {
-      std::ifstream in(base + ".json");
-      std::stringstream old;
-      old << in.rdbuf();
-      std::string host;
-      try {
-        host = figures(old.str()).host;
-      } catch (const std::exception&) {
-      }
-      if (!host.empty() && host != f.host) base += "-" + f.host;
-    }
-    if (rename(tmp.c_str(), (base + ".json").c_str()) != 0) {
-      int err = errno;
-      unlink(tmp.c_str());
-      throw std::runtime_error("cannot write " + base + ".json: " + std::strerror(err));
-    }
-  } else {
-    unlink(tmp.c_str());
-  }
-  write_atomically(base + ".txt", summary_text(json));
-  write_atomically(base + ".svg", report_svg(json));
-  return {base + ".txt", base + ".json", base + ".svg"};
 }
 
 }  // namespace monarch

@@ -100,19 +100,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Waits for the stager's one line on `fd`; "" on timeout.
-std::string read_line(int fd, unsigned timeout_s) {
-  std::string line;
-  pollfd p{.fd = fd, .events = POLLIN};
-  while (poll(&p, 1, timeout_s ? int(timeout_s * 1000) : -1) > 0) {
-    char c;
-    if (read(fd, &c, 1) != 1 || c == '\n')
-      return line.empty() ? "error: unavailable: the stager exited at start" : line;
-    line += c;
-  }
-  return "";
-}
-
 pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>* env,
             int keep_fd) {
   pid_t pid = fork();
@@ -134,13 +121,6 @@ pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>
   }
   std::cerr << "monarch-run: cannot run " << args[0] << ": " << std::strerror(errno) << "\n";
   _exit(127);
-}
-
-int wait_status(pid_t pid) {
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 // Stops the stager: SIGTERM, then SIGKILL after `bound_s`. A stager stuck in
@@ -167,27 +147,47 @@ void stop(pid_t pid, unsigned bound_s) {
 // command to end, stops the stager and removes the copies, whatever ended it.
 constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
-// Waits for `child`, forwarding the signals above; returns its status and
-// the last signal forwarded (0 if none).
-int wait_forwarding(pid_t child, const sigset_t& set, int& forwarded) {
+// Writes to stderr, which may be a closed pipe: a failure is ignored.
+void say(const std::string& line) {
+  (void)!write(STDERR_FILENO, line.data(), line.size());
+}
+
+// Waits for `child`, forwarding the signals above, and reads the stager's
+// answer on `ready` meanwhile (the command does not wait for it: its reads go
+// to the PFS until the stager has published the index). Returns the child's
+// status; `forwarded` is the last signal forwarded (0 if none), `monarch`
+// false once the stager said it cannot serve.
+int wait_forwarding(pid_t child, const sigset_t& set, int ready, int& forwarded, bool& monarch) {
   forwarded = 0;
+  std::string line;
   for (;;) {
     int st = 0;
     pid_t r = waitpid(child, &st, WNOHANG);
     if (r == child) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     if (r < 0 && errno != EINTR) return 127;
-    timespec tick{0, 50'000'000};  // SIGCHLD of the stager must not be mistaken: poll
-    int sig = sigtimedwait(&set, nullptr, &tick);
+    // SIGCHLD of the stager must not be mistaken for the command's: poll.
+    pollfd p{.fd = ready, .events = POLLIN};
+    if (poll(&p, ready >= 0 ? 1 : 0, 20) > 0) {
+      char buf[512];
+      ssize_t n = read(ready, buf, sizeof buf);
+      if (n > 0) line.append(buf, size_t(n));
+      // "ready" first, then "error: ..." if the index cannot be made.
+      for (size_t nl; (nl = line.find('\n')) != std::string::npos; line.erase(0, nl + 1)) {
+        if (!line.starts_with("error: ")) continue;
+        size_t at = line.starts_with("error: unavailable: ") ? 20 : 7;
+        say("monarch-run: Monarch is off for this run: " + line.substr(at, nl - at) +
+            "; reading from the PFS\n");
+        monarch = false;
+      }
+      if (n <= 0) close(ready), ready = -1;
+    }
+    timespec now{0, 0};
+    int sig = sigtimedwait(&set, nullptr, &now);
     if (sig > 0 && sig != SIGCHLD) {
       kill(child, sig);
       forwarded = sig;
     }
   }
-}
-
-// Writes to stderr, which may be a closed pipe: a failure is ignored.
-void say(const std::string& line) {
-  (void)!write(STDERR_FILENO, line.data(), line.size());
 }
 
 }  // namespace
@@ -207,6 +207,11 @@ int main(int argc, char** argv) {
     fail(e.what());
   }
   if (config.tiers.empty()) fail("no node-local tier: give --tier DIR or a configuration file");
+  try {  // bad input stops monarch-run before anything starts
+    check_dataset(opt.dataset, config);
+  } catch (const ConfigError& e) {
+    fail(e.what());
+  }
   // From here on monarch-run ends only through its own clean-up: the signals
   // that would end it are forwarded to the command, a closed stderr is
   // ignored (EPIPE), and the stager removes the copies itself if monarch-run
@@ -246,22 +251,7 @@ int main(int argc, char** argv) {
   for (const std::string& t : opt.tiers) sargs.insert(sargs.end(), {"--tier", t});
   pid_t stager = spawn(sargs, nullptr, pipefd[1]);
   close(pipefd[1]);
-  std::string ready = read_line(pipefd[0], config.start_timeout_s);
-  close(pipefd[0]);
   bool monarch = true;
-  if (ready.starts_with("error: unavailable: ")) {  // a fault of this node: run without Monarch
-    wait_status(stager);
-    say("monarch-run: Monarch is off for this run: " + ready.substr(20) +
-        "; reading from the PFS\n");
-    monarch = false;
-  } else if (ready.starts_with("error")) {
-    wait_status(stager);
-    remove_copies();
-    fail(ready.substr(ready.find(':') + 2));  // the stager's message, already clear
-  } else if (ready.empty()) {
-    say("monarch-run: the stager is not ready after " + std::to_string(config.start_timeout_s) +
-        " s; the command starts now and reads from the PFS until it is\n");
-  }
 
   // The command's environment: the library appended to LD_PRELOAD.
   std::string lib =
@@ -289,12 +279,12 @@ int main(int argc, char** argv) {
 
   pid_t child = spawn(opt.command, &env, -1);
   int forwarded = 0;
-  int status = wait_forwarding(child, set, forwarded);
+  int status = wait_forwarding(child, set, pipefd[0], forwarded, monarch);
   if (forwarded)
     say(std::string("monarch-run: forwarded ") + strsignal(forwarded) +
         " to the command; stopping the stager and removing the copies\n");
 
-  if (monarch) stop(stager, config.stop_timeout_s);
+  stop(stager, config.stop_timeout_s);
   std::ifstream in(job_dir0 + "/" + kStatsName);
   std::stringstream stats;
   stats << in.rdbuf();

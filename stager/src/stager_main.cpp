@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -22,8 +23,10 @@
 
 #include <cerrno>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <iostream>
+#include <mutex>
 #include <thread>
 
 #include "config.h"
@@ -105,37 +108,6 @@ int open_job_dir(const TierConfig& tier, const std::string& job) {
   return fd;
 }
 
-// The dataset root as an absolute, lexically normal path, checked readable.
-std::string check_dataset(const std::string& given, const Config& config) {
-  char cwd[PATH_MAX];
-  if (!getcwd(cwd, sizeof cwd)) cwd[0] = 0;
-  char norm[kPathMax];
-  if (normalize_path(cwd, given, norm, sizeof norm) < 0)
-    throw StartError("--dataset '" + given + "': path too long");
-  std::string root = norm;
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
-  struct stat st;
-  if (stat(root.c_str(), &st) != 0) throw StartError("--dataset " + root + ": " + errno_text());
-  if (!S_ISDIR(st.st_mode)) throw StartError("--dataset " + root + ": not a directory");
-  if (access(root.c_str(), R_OK | X_OK) != 0)
-    throw StartError("--dataset " + root + ": cannot list it (" + errno_text() + ")");
-  if (root == "/") throw StartError("--dataset /: the root file system cannot be a dataset");
-  char real[PATH_MAX];
-  std::string real_root = realpath(root.c_str(), real) ? real : root;
-  for (const TierConfig& t : config.tiers) {
-    char tr[PATH_MAX];
-    std::string tier_real = realpath(t.path.c_str(), tr) ? tr : t.path;
-    auto inside = [](const std::string& a, const std::string& b) {
-      return a == b ||
-             (a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '/');
-    };
-    if (inside(real_root, tier_real) || inside(tier_real, real_root))
-      throw StartError("--dataset " + root + " overlaps the node-local tier " + t.path +
-                       ": the dataset must live on the shared file system");
-  }
-  return root;
-}
-
 uint64_t random64() {
   uint64_t v = 0;
   if (getrandom(&v, sizeof v, 0) != sizeof v) v = uint64_t(getpid()) << 32 ^ monotonic_ns();
@@ -149,6 +121,9 @@ struct Stager {
   std::vector<int> tier_fds;
   std::vector<std::string> tier_dirs;
   std::unique_ptr<Placement> placement;
+  // Free space copies leave on the first tier: room for the map of a stager
+  // restarted during the job, written before the old map goes.
+  std::atomic<uint64_t> keep_free_first{0};
   std::atomic<uint64_t> counters[kNumStagerCounters] = {};
   MappedMap map;
   IndexStats index_stats;
@@ -156,6 +131,11 @@ struct Stager {
   std::unique_ptr<Stats> stats;
   int sock = -1;
   std::atomic<bool> stop{false};
+  // Wakes the receiver and the ticker at once when the stager stops: the end
+  // of a job step waits for nothing but the statistics.
+  int stop_fd = eventfd(0, EFD_CLOEXEC);
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
 
   void setup_logging() {
     auto level = spdlog::level::from_str(opt.log_level.empty() ? config.log_level : opt.log_level);
@@ -246,6 +226,12 @@ struct Stager {
       uint64_t quota = tc.quota_bytes
                            ? tc.quota_bytes
                            : uint64_t(double(vfs.f_blocks) * vfs.f_frsize * tc.quota_percent / 100);
+      // A job directory that is a file system of its own is the job's image,
+      // made by the Slurm plugin to the quota's size: all of it is the quota.
+      struct statx sx;
+      if (statx(tier_fds[t], "", AT_EMPTY_PATH, STATX_BASIC_STATS, &sx) == 0 &&
+          (sx.stx_attributes_mask & sx.stx_attributes & STATX_ATTR_MOUNT_ROOT))
+        quota = uint64_t(vfs.f_blocks) * vfs.f_frsize;
       tiers.push_back({quota, vfs.f_frsize});
       // Temporary files of an earlier stager of this job are incomplete copies.
       remove_tree_at(tier_fds[t], "tmp");
@@ -255,26 +241,14 @@ struct Stager {
         tiers,
         [this](int t) {
           struct statvfs vfs;
-          return fstatvfs(tier_fds[t], &vfs) == 0 ? uint64_t(vfs.f_bavail) * vfs.f_frsize : 0;
+          uint64_t free =
+              fstatvfs(tier_fds[t], &vfs) == 0 ? uint64_t(vfs.f_bavail) * vfs.f_frsize : 0;
+          uint64_t keep = t == 0 ? keep_free_first.load() : 0;
+          return free > keep ? free - keep : 0;
         },
         /*reserve=*/0);
 
-    IndexOptions io{.root = root,
-                    .out_path = tier_dirs[0] + "/" + kIndexName,
-                    .tier_dirs = tier_dirs,
-                    .consistency = uint32_t(config.consistency == Consistency::kOpen),
-                    .small_file_max = config.small_file_max,
-                    .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000,
-                    .generation = random64()};
-    try {
-      map = build_index(io, index_stats, [this](JobMap& m) { adopt(m); });
-    } catch (const std::runtime_error& e) {
-      throw StartError(e.what(), StartError::kNode);
-    }
-    spdlog::info("indexed {} files, {} in {} directories in {:.3f} s ({} skipped); kept {} copies",
-                 index_stats.files, human_bytes(double(index_stats.bytes)), index_stats.dirs,
-                 index_stats.seconds, index_stats.skipped, counters[s_adopted].load());
-
+    // The socket first: requests that come while the dataset is indexed wait in it.
     sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     int rcvbuf = 8 << 20;
     setsockopt(sock, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
@@ -288,15 +262,55 @@ struct Stager {
       throw StartError("cannot create " + tier_dirs[0] + "/" + kSocketName + ": " + errno_text(),
                        StartError::kNode);
     if (cwd >= 0) (void)!fchdir(cwd), close(cwd);
+  }
 
-    Header& h = map.map().header();
-    h.stager_pid = getpid();
-    h.heartbeat_ns = monotonic_ns();
+  // The index, then the copier and the statistics: after start() has said
+  // "ready", while the job already runs (its reads go to the PFS until the map
+  // is published). A failure here leaves the job on the PFS.
+  void build() {
+    IndexOptions io{.root = root,
+                    .out_path = tier_dirs[0] + "/" + kIndexName,
+                    .tier_dirs = tier_dirs,
+                    .consistency = uint32_t(config.consistency == Consistency::kOpen),
+                    .small_file_max = config.small_file_max,
+                    .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000,
+                    .generation = random64(),
+                    .index_rate = config.index_rate};
+    try {
+      map = build_index(io, index_stats, [this](JobMap& m) {
+        adopt(m);
+        // Alive from the moment readers can see the map: a reader that opens
+        // a file then may wait for its copy.
+        m.header().stager_pid = getpid();
+        m.header().heartbeat_ns = monotonic_ns();
+      });
+    } catch (const std::runtime_error& e) {
+      throw StartError(e.what(), StartError::kNode);
+    }
+    // The stager's own files on the first tier count against its quota (in a
+    // job's image of the quota's size they take its room), and copies leave
+    // room for a restarted stager's map.
+    uint64_t map_bytes = map.map().header().file_size;
+    placement->adopt(0, map_bytes + kReserveBytes);
+    keep_free_first = map_bytes + (256 << 10);  // and the file system's own blocks for it
+    spdlog::info(
+        "indexed {} files, {} in {} directories in {:.3f} s ({} skipped, {} metadata calls); kept "
+        "{} copies",
+        index_stats.files, human_bytes(double(index_stats.bytes)), index_stats.dirs,
+        index_stats.seconds, index_stats.skipped, index_stats.metadata_calls,
+        counters[s_adopted].load());
 
-    CopierOptions co{.root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC),
-                     .tier_fds = tier_fds,
-                     .threads = config.copy_threads,
-                     .stage_ahead = config.stage_ahead};
+    CopierOptions co{
+        .root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC),
+        .tier_fds = tier_fds,
+        .threads = config.copy_threads,
+        .stage_ahead = config.stage_ahead,
+        .ahead_window =
+            config.stage_ahead_window
+                ? config.stage_ahead_window
+                : std::max(kMinAheadWindow, uint64_t(double(map.map().header().dataset_bytes) *
+                                                     config.stage_ahead_window_percent / 100)),
+        .fast_fs_check = !config.copy_fast_dataset};
     for (const TierConfig& t : config.tiers) co.block_sizes.push_back(t.block_size);
     copier = std::make_unique<Copier>(map.map(), *placement, co, counters);
 
@@ -319,8 +333,8 @@ struct Stager {
 
   void receive() {
     while (!stop) {
-      pollfd p{.fd = sock, .events = POLLIN};
-      if (poll(&p, 1, 200) <= 0) continue;
+      pollfd p[2] = {{.fd = sock, .events = POLLIN}, {.fd = stop_fd, .events = POLLIN}};
+      if (poll(p, 2, 200) <= 0 || !(p[0].revents & POLLIN)) continue;
       Message m;
       iovec iov{&m, sizeof m};
       // Room for more descriptors than a request carries: every one that
@@ -405,7 +419,10 @@ struct Stager {
     constexpr uint64_t kBeat = 100'000'000;
     uint64_t n = 0, beat = monotonic_ns(), wait = kBeat;
     while (!stop) {
-      std::this_thread::sleep_for(std::chrono::nanoseconds(wait));
+      {
+        std::unique_lock lock(stop_mu);
+        stop_cv.wait_for(lock, std::chrono::nanoseconds(wait), [this] { return stop.load(); });
+      }
       uint64_t now = monotonic_ns();
       wait = stats->tick(now);
       if (now - beat < kBeat) {
@@ -430,12 +447,19 @@ struct Stager {
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);  // a copy above the job's file size limit fails with EFBIG
 
+    tell(opt.ready_fd, "ready");
+    try {
+      build();
+    } catch (const StartError& e) {
+      spdlog::error("{}; the job reads from the PFS", e.what());
+      tell(opt.ready_fd, std::string("error: unavailable: ") + e.what());
+      return 1;
+    }
+    if (opt.ready_fd >= 0) close(opt.ready_fd);
     copier->start();
     std::thread receiver([this] { receive(); });
     std::thread ticker([this] { tick(); });
     write_stats(false);
-    tell(opt.ready_fd, "ready");
-    if (opt.ready_fd >= 0) close(opt.ready_fd);
     // From now on the log file says everything: the caller's terminal or pipe
     // is not held (a stager stuck in a hung PFS must not keep a pipe open).
     if (int null = open("/dev/null", O_RDWR | O_CLOEXEC); null >= 0) {
@@ -447,7 +471,13 @@ struct Stager {
     sigwait(&set, &sig);
     spdlog::info("stopping on signal {}", sig);
     map.map().header().stopping = 1;
-    stop = true;
+    {
+      std::lock_guard lock(stop_mu);
+      stop = true;
+    }
+    stop_cv.notify_all();
+    uint64_t one = 1;
+    (void)!write(stop_fd, &one, sizeof one);
     receiver.join();
     ticker.join();
     bool joined = copier->stop(uint64_t(config.stop_timeout_s) * 500'000'000);
@@ -499,6 +529,10 @@ Options parse_args(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace monarch;
+  // First of all: no other process of the user may ptrace the stager (and
+  // through it start processes the job's end would not see), nor read its
+  // memory; /proc/PID files become root's.
+  prctl(PR_SET_DUMPABLE, 0);
   Options opt;
   try {
     opt = parse_args(argc, argv);
@@ -522,7 +556,11 @@ int main(int argc, char** argv) {
     else
       s.config = load_config(opt.config);
     override_tiers(s.config, opt.tiers);
-    s.root = check_dataset(opt.dataset, s.config);
+    try {
+      s.root = check_dataset(opt.dataset, s.config);
+    } catch (const ConfigError& e) {
+      throw StartError(e.what());
+    }
     s.start();
   } catch (const StartError& e) {
     std::cerr << "monarch-stager: " << e.what() << "\n";

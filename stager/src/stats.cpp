@@ -225,7 +225,8 @@ std::string Stats::json(bool complete, double fill_seconds) const {
   Cached cached = complete_copies();
   o << "],\"index\":{\"files\":" << index_.files << ",\"bytes\":" << index_.bytes
     << ",\"dirs\":" << index_.dirs << ",\"skipped\":" << index_.skipped
-    << ",\"unreadable_dirs\":" << index_.unreadable << ",\"seconds\":" << index_.seconds
+    << ",\"unreadable_dirs\":" << index_.unreadable
+    << ",\"metadata_calls\":" << index_.metadata_calls << ",\"seconds\":" << index_.seconds
     << ",\"map_bytes\":" << map_.header().file_size << "}";
   o << ",\"cached\":{\"files\":" << cached.files << ",\"bytes\":" << cached.bytes
     << ",\"fill_seconds\":" << fill_seconds << "}";

@@ -604,6 +604,7 @@ class Gen {
   }
 
   std::string op() {
+    w_open();  // notes a file of the sequence's area opened since the last op
     int d = used_slot();
     uint64_t size = slot_size(d);
     int f = stream_slot(true);
@@ -802,14 +803,14 @@ class Gen {
     }
   }
 
-  // Is a file of the sequence's own area (ds/w/K, out/w/K) open in a slot or
-  // a stream? Its names then stay put.
-  bool w_open() const {
-    for (const Slot& sl : slot_)
-      if (sl.target.find("/w/") != std::string::npos) return true;
-    for (int i = 0; i < kStreams; ++i)
-      if (stream_[i] && stream_w_[i]) return true;
-    return false;
+  // Has a file of the sequence's own area (ds/w/K, out/w/K) been opened in a
+  // slot or a stream? Its names then stay put for the rest of the sequence:
+  // sticky, because the generator's belief of what a slot holds can be wrong
+  // (a dup3 onto it, a failed close) and a minimized list drops ops.
+  bool w_open() {
+    for (const Slot& sl : slot_) w_opened_ |= sl.target.find("/w/") != std::string::npos;
+    for (int i = 0; i < kStreams; ++i) w_opened_ |= stream_[i] && stream_w_[i];
+    return w_opened_;
   }
 
   int k_;
@@ -818,6 +819,7 @@ class Gen {
   Slot slot_[kSlots];
   bool stream_[kStreams] = {};    // the generator believes the stream is open
   bool stream_w_[kStreams] = {};  // on a file of the sequence's own area
+  bool w_opened_ = false;
 };
 
 std::vector<std::string> generate(uint64_t seed, int k) {

@@ -47,14 +47,14 @@ def proc_sample(pid):
 class Injector(threading.Thread):
     """Injects random faults into one job until stopped; samples its stager."""
 
-    def __init__(self, rnd, tier_dir, source, counts):
+    def __init__(self, rnd, tier_dir, conf, source, counts):
         super().__init__(daemon=True)
-        self.rnd, self.tier, self.source, self.counts = rnd, tier_dir, source, counts
+        self.rnd, self.tier, self.conf, self.source, self.counts = rnd, tier_dir, conf, source, counts
         self.stop = threading.Event()
         self.samples = []
 
     def stager(self):
-        pids = stager_pids(self.tier)
+        pids = stager_pids(self.conf)  # the stager's command line names the configuration
         return pids[0] if pids else None
 
     def fault(self):
@@ -124,6 +124,9 @@ def main():
     os.mkdir(tmpfs)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400m,mode=1777", "tmpfs", tmpfs],
                    check=True)
+    conf = os.path.join(work, "monarch.conf")  # its own: not whatever is installed
+    with open(conf, "w") as f:
+        f.write(f"[tier.a]\npath = {tmpfs}\nquota = 300M\n")
     totals = dict(jobs=0, files=0, wrong=0, failed=0, hangs=0)
     faults, fd_growth, rss_max = {}, [], 0
     end = time.time() + a.minutes * 60
@@ -131,8 +134,8 @@ def main():
     try:
         with Pfs(src, latency_us=500) as pfs:
             while time.time() < end:
-                inj = Injector(rnd, tmpfs, src, faults)
-                cmd = [MONARCH_RUN, "--dataset", pfs.dataset, "--tier", f"{tmpfs}:300M", "-q",
+                inj = Injector(rnd, tmpfs, conf, src, faults)
+                cmd = [MONARCH_RUN, "--dataset", pfs.dataset, "--config", conf, "-q",
                        "--", PY, READER, pfs.dataset, "--workers", "16", "--epochs", "6"]
                 p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)

@@ -35,9 +35,11 @@ DIFFTEST = os.path.join(BUILD, "tests", "engine", "monarch-difftest")
 
 # The two Monarch configurations; the tier section is added per stager.
 CONFIGS = {
-    "B1": "stage_ahead = no\nsmall_file_max = 64K\n",
-    "B2": "stage_ahead = yes\n",
-    "B3": "consistency = open\nstage_ahead = yes\nsmall_file_max = 64K\n",
+    # The trees are on a local disk: copy_fast_dataset keeps the stager copying.
+    "B1": "stage_ahead = no\nsmall_file_max = 64K\ncopy_fast_dataset = yes\n",
+    "B2": "stage_ahead = yes\nstage_ahead_window = 100%\ncopy_fast_dataset = yes\n",
+    "B3": "consistency = open\nstage_ahead = yes\nstage_ahead_window = 100%\nsmall_file_max = 64K\n"
+          "copy_fast_dataset = yes\n",
 }
 
 

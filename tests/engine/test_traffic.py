@@ -80,6 +80,30 @@ class Traffic(Case):
                                  f"epoch {e + 1} read more than the uncached part")
             self.assertGreater(d[e]["bytes"], 0)
 
+    def test_partial_read_costs_that_part_and_the_window(self):
+        # A job that reads one tenth of the dataset, once (a test job, one
+        # class folder): the PFS serves about that tenth plus stage-ahead's
+        # window (5% of the dataset by default), not the whole dataset.
+        root = dataset("small", **SMALL)
+        with Pfs(root) as pfs:
+            files = sorted(os.path.join(d, n) for d, _, ns in os.walk(pfs.dataset) for n in ns
+                           if not n.startswith("."))
+            part = files[::10]
+            want = sum(os.path.getsize(p) for p in part)
+            script = ("import sys, time\n"
+                      "for p in sys.argv[1:]:\n"
+                      "    open(p, 'rb').read()\n"
+                      "time.sleep(2)\n")  # time enough for stage-ahead to go as far as it may
+            before = pfs.counts()
+            run([PY, "-c", script] + part, monarch=["--dataset", pfs.dataset, "--tier", tier(self)])
+            pfs_bytes = pfs.counts()["bytes"] - before["bytes"]
+        size = dataset_bytes(root)
+        print(f"partial read: read {want / size:.3f} of the dataset; the PFS served "
+              f"{pfs_bytes / size:.3f}")
+        self.assertGreaterEqual(pfs_bytes, want)
+        self.assertLessEqual(pfs_bytes, want + 0.05 * size + 4 * (4 << 20),
+                             "stage-ahead went further than its window")
+
 
 class ManyProcesses(Case):
     def test_eight_readers_one_quota(self):
@@ -108,6 +132,34 @@ class ManyProcesses(Case):
         made = stats["totals"]["stager"]["copies"] + stats["totals"]["stager"]["handoffs"]
         self.assertGreater(stats["cached"]["files"], 0)
         self.assertEqual(made, stats["cached"]["files"], "a file was copied more than once")
+
+
+class FastDataset(Case):
+    def test_a_dataset_as_fast_as_a_tier_is_not_copied(self):
+        # On a local disk (here, in the page cache) a copy gains nothing: the
+        # stager's own reads show it, copying stops and readers read it
+        # directly. copy_fast_dataset = yes copies it anyway.
+        root = dataset("small", **SMALL)
+        ref = reference(root)
+        files = sum(len(ns) for _, _, ns in os.walk(root))
+        cached = {}
+        for copy_fast in ("no", "yes"):
+            t = tier(self)
+            conf, report = os.path.join(t, "monarch.conf"), os.path.join(t, "report.json")
+            with open(conf, "w") as f:
+                f.write(f"copy_fast_dataset = {copy_fast}\n[tier.a]\npath = {t}\nquota = 1G\n")
+            epochs, _ = read_dataset(root, "read", epochs=2,
+                                     monarch=["--dataset", root, "--config", conf, "--keep",
+                                              "--report", report])
+            self.assertSameBytes(epochs, ref, n_epochs=2)
+            with open(report) as f:
+                stats = json.load(f)
+            self.assertEqual(stats["totals"]["stager"]["copies_off"], copy_fast == "no")
+            cached[copy_fast] = stats["cached"]["files"]
+        print(f"files cached of {files}: {cached['no']} (fast dataset), {cached['yes']} "
+              f"(copy_fast_dataset = yes)")
+        self.assertLess(cached["no"], files)
+        self.assertEqual(cached["yes"], files)
 
 
 if __name__ == "__main__":

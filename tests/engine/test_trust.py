@@ -19,7 +19,7 @@ PROBE = os.path.join(HERE, "trust_probe.py")
 
 FILES = {  # dataset files and their sizes; look-alikes have the same sizes, other bytes
     "a.bin": 10000, "b.bin": 20000, "big.bin": 3 << 20, "sub/c.bin": 5000,
-    "sub/deeper/d.bin": 3000, "w.bin": 10000, "v.bin": 9000, "u.bin": 100,
+    "sub/deeper/d.bin": 3000, "w.bin": 10000, "v.bin": 9000, "u.bin": 100, "h1.bin": 4000,
 }
 OUTSIDE = {"out/a.bin": 10000, "out/b.bin": 20000, "out/dir/a.bin": 10000,
            "out/other.bin": 12345, "work/a.bin": 10000}
@@ -45,12 +45,14 @@ def make_tree(parent):
             f.write(content(name, size, "look-alike"))
     os.symlink("../out/dir", os.path.join(t, "ds", "linkdir"))
     os.symlink("sub", os.path.join(t, "ds", "sublink"))
+    os.link(os.path.join(t, "ds", "h1.bin"), os.path.join(t, "ds", "h2.bin"))
     return t
 
 
 class Trust(Case):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="monarch-trust-")
+        os.chmod(self.tmp, 0o755)
         self.addCleanup(shutil.rmtree, self.tmp, True)
 
     def compare(self, case, consistency="job"):
@@ -83,9 +85,10 @@ class Trust(Case):
                     rel = os.path.relpath(os.path.join(d, n), data)
                     with open(os.path.join(d, n), "rb") as f:
                         got = f.read()
-                    self.assertIn(rel, FILES, f"a copy of a file that is not in the dataset: {rel}")
+                    name = "h1.bin" if rel == "h2.bin" else rel  # one file, two names
+                    self.assertIn(name, FILES, f"a copy of a file that is not in the dataset: {rel}")
                     self.assertEqual(hashlib.md5(got).hexdigest(),
-                                     hashlib.md5(content(rel, FILES[rel], "dataset")).hexdigest(),
+                                     hashlib.md5(content(name, FILES[name], "dataset")).hexdigest(),
                                      f"the copy of {rel} holds other bytes: the cache is poisoned")
                     copies += 1
         return copies
@@ -114,6 +117,15 @@ class Trust(Case):
     def test_missing_paths_errno_consistency_open(self):
         out = self.compare("missing", consistency="open")
         self.assertIn("ENOENT", out)
+
+    def test_magic_names_of_a_copy_reach_the_file(self):
+        self.compare("magic_names")
+
+    def test_hard_links_in_the_dataset(self):
+        self.compare("hard_links")
+
+    def test_dataset_directory_moved(self):
+        self.compare("moved_root")
 
     def test_writes_seen_by_every_later_call(self):
         self.compare("writes")

@@ -246,9 +246,49 @@ def case_limits():
 
 
 def case_pread_negative():
-    fd = os.open(os.path.join(DS, "big.bin"), os.O_RDONLY)
-    say(md5(os.read(fd, 100)), attempt(lambda: os.pread(fd, 10, -1)),
-        attempt(lambda: os.preadv(fd, [bytearray(10)], -1)), os.lseek(fd, 0, os.SEEK_CUR))
+    for name in ("big.bin", "a.bin"):  # a copy under way, and bytes read whole at open
+        fd = os.open(os.path.join(DS, name), os.O_RDONLY)
+        say(name, md5(os.read(fd, 100)), attempt(lambda: os.pread(fd, 10, -1)),
+            attempt(lambda: os.preadv(fd, [bytearray(10)], -1)),
+            attempt(lambda: os.pread(fd, 10, 2**63 - 5)),  # past what an offset can hold
+            attempt(lambda: os.preadv(fd, [bytearray(1)] * 1100, 0)),  # more than IOV_MAX
+            os.lseek(fd, 0, os.SEEK_CUR))
+
+
+def case_magic_names():
+    # A descriptor's magic names (/proc/self/fd/N, /dev/fd/N) reach the file
+    # itself: reopened for writing, the write is the file's, not a copy's.
+    warm("a.bin", "b.bin")
+    fd = os.open(os.path.join(DS, "a.bin"), os.O_RDONLY)
+    say("stat", stat_view(os.stat(f"/proc/self/fd/{fd}")), stat_view(os.stat(f"/dev/fd/{fd}")))
+    r = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+    say("reopened", fd_view(r), md5(os.read(r, 1 << 20)))
+    w = os.open(f"/dev/fd/{fd}", os.O_WRONLY)
+    os.write(w, b"written through a magic name")
+    os.close(w)
+    say("after", read_path(os.path.join(DS, "a.bin")), md5(os.pread(fd, 1 << 20, 0)),
+        os.stat(os.path.join(DS, "a.bin")).st_size)
+
+
+def case_hard_links():
+    # Two names of one file in the dataset: a write through one is seen through both.
+    warm("h1.bin", "h2.bin")
+    with open(os.path.join(DS, "h1.bin"), "r+b") as f:
+        f.write(b"changed through h1")
+    say(read_path(os.path.join(DS, "h2.bin")), stat_view(os.stat(os.path.join(DS, "h2.bin"))))
+
+
+def case_moved_root():
+    # The directory above the dataset renamed, and another dataset put in its place.
+    warm("a.bin", "sub/c.bin")
+    os.chdir("/")
+    os.rename(TREE, TREE + ".old")
+    os.makedirs(os.path.join(DS, "sub"))
+    with open(os.path.join(DS, "a.bin"), "wb") as f:
+        f.write(b"another dataset now")
+    say(read_path(os.path.join(DS, "a.bin")), read_path(os.path.join(DS, "sub", "c.bin")),
+        attempt(lambda: stat_view(os.stat(os.path.join(DS, "b.bin")))))
+    os.rename(TREE + ".old", TREE + ".gone")  # (the test removes TREE and TREE.gone)
 
 
 def case_missing():

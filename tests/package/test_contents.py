@@ -21,6 +21,7 @@ MAN = "/usr/share/man/"
 FILES = {
     NODE: ["/etc/monarch/monarch.conf", "/usr/bin/monarch-report", "/usr/bin/monarch-run",
            "/usr/bin/monarch-stager", "/usr/lib/monarch/libmonarch_interpose.so",
+           "/usr/libexec/monarch/monarch-purge",
            "/usr/share/doc/monarch/changelog.Debian.gz", "/usr/share/doc/monarch/copyright",
            MAN + "man1/monarch-report.1.gz", MAN + "man1/monarch-run.1.gz",
            MAN + "man5/monarch.conf.5.gz", MAN + "man8/monarch-stager.8.gz"],

@@ -40,6 +40,11 @@ def main():
         os.makedirs(d, exist_ok=True)
         os.chmod(d, 0o755)
     os.chmod(st.CONFIG, 0o644)  # the stager reads it as the job's user
+    # Users mount FUSE file systems on a compute node (fuse3's udev rule
+    # makes /dev/fuse 0666); a machine without udev may leave it 0600, and
+    # the tests need a user to be able to (test_hang.py).
+    if os.path.exists("/dev/fuse"):
+        os.chmod("/dev/fuse", 0o666)
     st.cluster("start", "--plugstack-args", st.DEFAULT_PLUGSTACK_ARGS)
     print("setup: cluster ready with", st.DEFAULT_PLUGSTACK_ARGS)
 

@@ -1,7 +1,13 @@
-"""Shared pieces of the Slurm tests: a real one-node cluster
-(contrib/slurm/cluster) running the INSTALLED Monarch (plugin, stager,
-interposer), real users, real jobs. Standard library only; run as root with
-Debian's /usr/bin/python3.
+"""Shared pieces of the Slurm tests: a real cluster (contrib/slurm/cluster:
+this host as node HOST, and a second slurmd as node HOST-2 for
+heterogeneous jobs) running the INSTALLED Monarch (plugin, stager,
+interposer, purge), real users, real jobs. Standard library only; run as
+root with Debian's /usr/bin/python3.
+
+Every test ends with the same check (SlurmTest.tearDown, assert_clean):
+the nodes are idle, no Monarch process runs, and nothing of a finished job
+is left: no job directory, record, image or trash entry on the tiers, no
+mount below them, no Monarch cgroup.
 
 Layout on this machine (all made by setup.py):
   /var/tmp/monarch-test-tier/{fast,slow}  the tiers of monarch-test.conf,
@@ -10,6 +16,7 @@ Layout on this machine (all made by setup.py):
   /var/tmp/monarch-slurm-test/work/USER/  the jobs' working directories
 """
 import contextlib
+import glob
 import grp
 import hashlib
 import json
@@ -32,8 +39,11 @@ JOBS = os.path.join(HERE, "jobs")
 PREFIX = os.environ.get("MONARCH_PREFIX", "/usr/local")
 BINDIR = os.environ.get("MONARCH_BINDIR", os.path.join(PREFIX, "bin"))
 PKGLIBDIR = os.environ.get("MONARCH_PKGLIBDIR", os.path.join(PREFIX, "lib", "monarch"))
+LIBEXECDIR = os.environ.get("MONARCH_LIBEXECDIR", os.path.join(PREFIX, "libexec"))
 STAGER = os.path.join(BINDIR, "monarch-stager")
 REPORT = os.path.join(BINDIR, "monarch-report")
+PURGE = os.path.join(LIBEXECDIR, "monarch", "monarch-purge")
+PROGRAMS = (STAGER, REPORT, PURGE)
 LIBRARY = os.path.join(PKGLIBDIR, "libmonarch_interpose.so")
 PLUGIN = os.path.join(PKGLIBDIR, "spank_monarch.so")
 TIER_ROOT = "/var/tmp/monarch-test-tier"
@@ -41,10 +51,14 @@ TIERS = [os.path.join(TIER_ROOT, "fast"), os.path.join(TIER_ROOT, "slow")]
 ROOT = "/var/tmp/monarch-slurm-test"
 DATA = os.path.join(ROOT, "data")
 WORK = os.path.join(ROOT, "work")
-USERS = ("monarchtest", "monarchtest2")
+USERS = ("monarchtest", "monarchtest2", "monarchtest3")
 HOST = socket.gethostname().split(".")[0]
-SLURM_CONF = "/var/tmp/monarch-cluster/etc/slurm.conf"
-SLURMD_PID = "/var/tmp/monarch-cluster/run/slurmd.pid"
+HOST2 = HOST + "-2"  # the second node: a second slurmd on this machine
+NODES = (HOST, HOST2)
+CLUSTER_DIR = "/var/tmp/monarch-cluster"
+SLURM_CONF = os.path.join(CLUSTER_DIR, "etc", "slurm.conf")
+SLURMD_PID = os.path.join(CLUSTER_DIR, "run", f"slurmd-{HOST}.pid")
+CGROUP_ROOT = "/sys/fs/cgroup"
 # The counting FUSE file system standing for the PFS: a test tool, from the build tree.
 PFSEMU = os.path.join(os.environ.get("MONARCH_BUILD", os.path.join(SRC, "build")),
                       "contrib", "bench", "monarch-pfsemu")
@@ -148,18 +162,31 @@ def job_dirs(job):
     return [p for p in (os.path.join(t, f"monarch-job{job}") for t in TIERS) if os.path.lexists(p)]
 
 
+def job_state_files(job):
+    """Monarch's own files of the job that still exist, on any tier: its
+    records and images in <tier>/.monarch."""
+    paths = []
+    for t in TIERS:
+        paths += [os.path.join(t, ".monarch", "jobs", f"job{job}"),
+                  os.path.join(t, ".monarch", "images", f"job{job}.img")]
+    return [p for p in paths if os.path.lexists(p)]
+
+
 class Pfs:
     """A counting FUSE mount of DATA at ROOT/pfs (contrib/bench/pfsemu),
     readable by every user like a PFS: the dataset NAME is mount/NAME, the
     bytes it served are in counts()."""
 
-    def __init__(self):
+    def __init__(self, stall_comm=None):
+        """stall_comm: reads by threads whose name starts with it never
+        complete (a hung PFS, for those threads only)."""
         self.mount = os.path.join(ROOT, "pfs")
         subprocess.run(["fusermount3", "-u", self.mount], capture_output=True)
         os.makedirs(self.mount, exist_ok=True)
         os.chmod(self.mount, 0o755)
+        stall = ["--stall-comm", stall_comm] if stall_comm else []
         subprocess.run([PFSEMU, "--source", DATA, "--mount", self.mount, "--latency-us", "0",
-                        "--open-latency-us", "0", "--bandwidth-mbs", "0", "--direct-io"],
+                        "--open-latency-us", "0", "--bandwidth-mbs", "0", "--direct-io"] + stall,
                        check=True)
 
     def dataset(self, name):
@@ -170,7 +197,11 @@ class Pfs:
             return json.load(f)
 
     def close(self):
-        subprocess.run(["fusermount3", "-u", self.mount], check=False)
+        """Unmounted by its daemon's SIGTERM, which also ends stalled reads
+        (they fail with EIO); fusermount3 for a daemon already gone."""
+        subprocess.run(["pkill", "-TERM", "-f", f"^{PFSEMU} .*--mount {self.mount} "], check=False)
+        wait_for(lambda: not os.path.ismount(self.mount), 10, "monarch-pfsemu to unmount")
+        subprocess.run(["fusermount3", "-u", self.mount], capture_output=True, check=False)
 
 
 # ---- running as a user ----
@@ -216,9 +247,14 @@ def job_state(job):
     return "UNKNOWN"
 
 
-def node_state():
-    r = subprocess.run(["sinfo", "-h", "-n", HOST, "-o", "%T"], capture_output=True, text=True)
+def node_state(node=HOST):
+    r = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True)
     return r.stdout.strip()
+
+
+def node_states():
+    """{node: state} for both nodes."""
+    return {n: node_state(n) for n in NODES}
 
 
 def wait_for(predicate, timeout, what, interval=0.1):
@@ -232,15 +268,100 @@ def wait_for(predicate, timeout, what, interval=0.1):
 
 
 def wait_job(job, timeout=90):
-    """Waits until the job has left the queue and the node has finished its
-    epilog; returns the final job state."""
+    """Waits until the job has left the queue and the nodes have finished
+    its epilog; returns the final job state."""
     wait_for(lambda: not squeue_has(job), timeout, f"job {job} to end")
-    wait_for(lambda: "comp" not in node_state(), 30, "the node to finish the epilog")
+    wait_for(lambda: all("comp" not in v for v in node_states().values()), 60,
+             "the nodes to finish the epilog")
     return job_state(job)
 
 
 def wait_running(job, timeout=30):
     wait_for(lambda: job_state(job) == "RUNNING", timeout, f"job {job} to run")
+
+
+# ---- what Monarch leaves behind ----
+
+def processes():
+    """Every live (not zombie) process: (pid, exe without " (deleted)",
+    status text, argv as bytes)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            exe = os.readlink(f"/proc/{name}/exe").replace(" (deleted)", "")
+            with open(f"/proc/{name}/status") as f:
+                status = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if "\nState:\tZ" not in status:
+            yield int(name), exe, status, argv
+
+
+def monarch_processes():
+    """Live processes running an installed Monarch program: [(pid, exe)]."""
+    return [(pid, exe) for pid, exe, _, _ in processes() if exe in PROGRAMS]
+
+
+def mounts_below(root):
+    """Mount points at or below `root`."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4].replace("\\040", " ") for line in f]
+    return [p for p in points if p == root or p.startswith(root + "/")]
+
+
+def monarch_cgroups():
+    """Monarch's cgroup leaves ("monarch" below a job's cgroup)."""
+    found = []
+    for pattern in ("*/*/uid_*/job_*/monarch", "*/*/job_*/monarch", "*/job_*/monarch"):
+        found += glob.glob(os.path.join(CGROUP_ROOT, pattern))
+    return sorted(set(found))
+
+
+def leftovers():
+    """Everything Monarch left on this node: job directories and Monarch's
+    state entries on the tiers, mounts below the tiers, cgroup leaves."""
+    left = []
+    for t in TIERS:
+        if not os.path.isdir(t):
+            continue
+        left += [os.path.join(t, n) for n in os.listdir(t) if n.startswith("monarch-")]
+        for sub in ("jobs", "images", "trash"):
+            d = os.path.join(t, ".monarch", sub)
+            if os.path.isdir(d):
+                left += [os.path.join(d, n) for n in os.listdir(d)]
+    left += [f"mount {p}" for p in mounts_below(TIER_ROOT)]
+    left += [f"cgroup {p}" for p in monarch_cgroups()]
+    return left
+
+
+def queue():
+    """Jobs in the queue, as "ID:STATE:USER"."""
+    r = subprocess.run(["squeue", "-h", "-o", "%i:%T:%u"], capture_output=True, text=True)
+    return r.stdout.split()
+
+
+def assert_clean(test, timeout=120):
+    """The check every test ends with: jobs gone (any left are cancelled:
+    their epilog must clean up too), the nodes idle, no Monarch process, and
+    nothing of a finished job on the tiers. Fails the test with what is left."""
+    if queue():
+        for user in USERS:
+            subprocess.run(["scancel", "-u", user], check=False)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = node_states()
+        procs = monarch_processes()
+        left = leftovers()
+        jobs = queue()
+        if not jobs and all(v == "idle" for v in states.values()) and not procs and not left:
+            return
+        if time.monotonic() > deadline:
+            test.fail(f"not clean after {timeout} s: nodes {states}, jobs {jobs}, "
+                      f"Monarch processes {procs}, left {left[:20]}")
+        time.sleep(0.2)
 
 
 # ---- stagers ----
@@ -309,21 +430,48 @@ class StagerWatch(threading.Thread):
 
 # ---- cluster ----
 
-def cluster(*args, check=True):
-    r = subprocess.run([CLUSTER] + list(args), capture_output=True, text=True, timeout=180)
+def cluster(*args, check=True, env=None):
+    r = subprocess.run([CLUSTER] + list(args), capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, **(env or {})))
     if check and r.returncode != 0:
         raise AssertionError(f"cluster {' '.join(args)} failed: {r.stdout}{r.stderr}")
     return r
 
 
 @contextlib.contextmanager
-def plugstack_args(args):
-    """Restarts the cluster with other plugstack arguments, and back."""
-    cluster("start", "--plugstack-args", args)
+def plugstack_args(args, env=None):
+    """Restarts the cluster with other plugstack arguments (and cluster
+    environment, e.g. MONARCH_CLUSTER_CGROUP=1), and back."""
+    cluster("start", "--plugstack-args", args, env=env)
     try:
         yield
     finally:
         cluster("start", "--plugstack-args", DEFAULT_PLUGSTACK_ARGS)
+
+
+def config_variant(name, general=None, paths=None):
+    """A copy of monarch-test.conf as ROOT/NAME.conf (world-readable: the
+    stager reads it as the user): general keys set from `general`, tier
+    paths replaced as `paths` {old: new} says. Returns its path."""
+    lines = read(CONFIG).splitlines()
+    general = dict(general or {})
+    out = []
+    for line in lines:
+        key = line.split("=", 1)[0].strip()
+        if key in general and "=" in line:
+            line = f"{key} = {general.pop(key)}"
+        if line.startswith("[tier.") and general:
+            out += [f"{k} = {v}" for k, v in general.items()]
+            general = {}
+        for old, new in (paths or {}).items():
+            if line.strip() == f"path = {old}":
+                line = f"path = {new}"
+        out.append(line)
+    path = os.path.join(ROOT, name + ".conf")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+    os.chmod(path, 0o644)
+    return path
 
 
 def slurmd_log():
@@ -347,16 +495,22 @@ def stager_counter(stats, name):
 
 
 class SlurmTest(unittest.TestCase):
-    """Base: checks the cluster is up and the node idle before each test."""
+    """Base: the nodes are usable before each test, and clean after it
+    (assert_clean)."""
 
     def setUp(self):
-        state = node_state()
-        if "drain" in state:
-            subprocess.run(["scontrol", "update", f"NodeName={HOST}", "State=RESUME"])
-        self.assertNotIn("drain", node_state(), "the node is drained before the test")
+        for node, state in node_states().items():
+            if "drain" in state or "down" in state:
+                subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        for node, state in node_states().items():
+            self.assertNotIn("drain", state, f"node {node} is drained before the test")
+
+    def tearDown(self):
+        assert_clean(self)
 
     def assertNoLeftovers(self, job):
-        wait_for(lambda: not job_dirs(job), 15, f"the epilog to remove job {job}'s directories")
+        wait_for(lambda: not job_dirs(job) and not job_state_files(job), 15,
+                 f"the epilog to remove job {job}'s directories, record and image")
         wait_for(lambda: not stagers(job), 15, f"job {job}'s stager to go")
         state = node_state()
         self.assertNotIn("drain", state, f"node drained after job {job}")

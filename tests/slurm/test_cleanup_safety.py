@@ -1,11 +1,12 @@
-"""The epilog's cleanup, run as root, cannot be turned against root: a job
-plants, inside its own tier directories, symbolic links to a root-owned
-directory and file (and to /), and the test (as root) bind-mounts another
-root-owned directory onto a directory inside the job's directory. After the
-epilog every target is untouched, the mount is still there, and everything
-else of the job is gone."""
+"""The job's end, run as root, cannot be turned against root: a job plants,
+inside its own tier directories, symbolic links to a root-owned directory
+and file (and to /), and the test (as root) bind-mounts another root-owned
+directory onto a directory inside the job's directory. After the epilog
+every target is untouched, the mount was detached (not entered), and
+everything of the job is gone: in image mode (the job's image detached and
+thrown away) and in directory mode (the directory moved to the trash and
+deleted there by monarch-purge, which follows no link)."""
 import os
-import pwd
 import shutil
 import subprocess
 
@@ -15,8 +16,7 @@ USER = "monarchtest"
 
 
 def mounted(path):
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == path for line in f)
+    return path in st.mounts_below(path)
 
 
 def make_victim(name):
@@ -39,11 +39,11 @@ def intact(d):
 
 
 class CleanupSafety(st.SlurmTest):
-    def test_links_and_mounts_survive(self):
+    def links_and_mounts(self, label):
         dataset = st.make_dataset("job")
         victim = make_victim("victim")
         victim2 = make_victim("victim-mounted")
-        work = st.workdir(USER, "cleanup")
+        work = st.workdir(USER, "cleanup-" + label)
         job = st.sbatch(USER, work, [f"--monarch-dataset={dataset}", st.job_script("plant.sh")],
                         extra_env={"DS": dataset, "JOBS": st.JOBS, "VICTIM": victim,
                                    "SECOND_TIER": st.TIERS[1]})
@@ -57,55 +57,28 @@ class CleanupSafety(st.SlurmTest):
             self.assertTrue(mounted(mount_point))
             open(os.path.join(work, "go"), "w").close()
             self.assertEqual(st.wait_job(job), "COMPLETED")
-            st.wait_for(lambda: not st.stagers(job), 15, "the stager to go")
-            st.wait_for(lambda: not os.path.lexists(os.path.join(job_dir, "evil-dir")), 15,
-                        "the epilog's cleanup")
+            st.wait_for(lambda: not st.job_dirs(job) and not st.job_state_files(job), 30,
+                        "the job's directories to go")
+            st.wait_for(lambda: not st.monarch_processes(), 60, "the purge to finish")
             self.assertTrue(intact(victim), f"{victim} was changed by the cleanup")
             self.assertTrue(intact(victim2), f"{victim2} was changed through the mount")
-            self.assertTrue(mounted(mount_point), "the mount was removed")
-            # Everything else of the job went: on the first tier only the
-            # mount point (and the directory holding it) is left.
-            self.assertEqual(os.listdir(job_dir), ["mnt"])
-            self.assertFalse(os.path.lexists(os.path.join(st.TIERS[1], f"monarch-job{job}")))
+            self.assertFalse(mounted(mount_point), "the job's mount is still there")
+            self.assertEqual(st.mounts_below(st.TIER_ROOT), [])
             self.assertNotIn("drain", st.node_state())
-            log = st.slurmd_log()
-            self.assertIn(f"monarch: job{job}: removing {job_dir}:", log)
-            self.assertIn("1 mount points left alone", log)
+            self.assertIn(f"monarch: job{job}: tier fast: detached ", st.slurmd_log())
         finally:
-            subprocess.run(["umount", mount_point], check=False)
-            if not mounted(mount_point):  # never delete through the mount
-                shutil.rmtree(job_dir, ignore_errors=True)
+            subprocess.run(["umount", "-l", mount_point], check=False, capture_output=True)
         self.assertTrue(intact(victim2))
         self.assertTrue(os.path.exists(os.path.join(work, f"monarch-job{job}.json")))
 
-    def test_foreign_job_dir_is_replaced(self):
-        """A monarch-job<ID> that is there before the job and not the user's
-        (another user's, holding a link to root's files) is removed safely
-        and replaced by the user's own."""
-        dataset = st.make_dataset("job")
-        victim = make_victim("victim-foreign")
-        other = pwd.getpwnam("monarchtest2")
-        work = st.workdir(USER, "foreign")
-        job = st.sbatch(USER, work, ["--hold", f"--monarch-dataset={dataset}",
-                                     st.job_script("env_only.sh")], extra_env={"JOBS": st.JOBS})
-        squatted = os.path.join(st.TIERS[0], f"monarch-job{job}")
-        os.mkdir(squatted, 0o755)
-        os.symlink(victim, os.path.join(squatted, "evil-dir"))
-        os.mkdir(os.path.join(squatted, "data"), 0o777)
-        for d in (squatted, os.path.join(squatted, "data")):
-            os.chown(d, other.pw_uid, other.pw_gid)
-        # On the second tier a symbolic link in place of the directory.
-        os.symlink(victim, os.path.join(st.TIERS[1], f"monarch-job{job}"))
-        subprocess.run(["scontrol", "release", str(job)], check=True)
-        self.assertEqual(st.wait_job(job), "COMPLETED")
-        out = st.read(os.path.join(work, f"slurm-{job}.out"))
-        self.assertNotIn("monarch: disabled", out)
-        self.assertIn("MONARCH_JOB_DIR=" + squatted, st.read(os.path.join(work, "batch.env")))
-        self.assertTrue(intact(victim), f"{victim} was changed")
-        self.assertIn(f"{squatted} was there and not the job user's", st.slurmd_log())
-        stats = st.report_json(work, job)
-        self.assertGreater(st.stager_counter(stats, "copies"), 0)
-        self.assertNoLeftovers(job)
+    def test_image(self):
+        self.links_and_mounts("image")
+
+    def test_directory(self):
+        config = st.config_variant("directory", general={"job_space": "directory"})
+        with st.plugstack_args(f"config={config}"):
+            self.links_and_mounts("directory")
+            st.assert_clean(self)
 
 
 if __name__ == "__main__":

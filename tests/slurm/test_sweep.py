@@ -1,0 +1,61 @@
+"""Leftovers are swept (issue 8, finding 5). The node crashes during a job
+(slurmd and every process of the job killed at once, the node set DOWN)
+and slurmd starts again clean (slurmd -c, as after a reboot: it knows of
+no job), so the job's epilog never runs; its tier directories stay, and
+Slurm requeues the job. When slurmd starts, Monarch sweeps what the job
+left (the job no longer runs on the node); the job's next run starts from
+nothing, without adopting the first run's files."""
+import os
+import pwd
+import signal
+import subprocess
+
+import slurmtest as st
+
+USER = "monarchtest"
+
+
+def kill_job_processes(job, uid):
+    """Everything of the job: its slurmstepd (root's) and the user's processes."""
+    for pid, _, status, argv in st.processes():
+        owner = int(status.split("\nUid:\t")[1].split()[0])
+        if owner == uid or argv[0].startswith(f"slurmstepd: [{job}.".encode()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class Sweep(st.SlurmTest):
+    def test_crash_then_requeue(self):
+        dataset = st.make_dataset("job")
+        work = st.workdir(USER, "sweep")
+        job = st.sbatch(USER, work, ["--requeue", f"--monarch-dataset={dataset}",
+                                     st.job_script("requeue.sh")],
+                        extra_env={"JOBS": st.JOBS, "SECOND_TIER": st.TIERS[1]})
+        st.wait_for(lambda: os.path.exists(os.path.join(work, "run0")), 60, "the first run")
+        # The crash: slurmd and the job die at once; no epilog runs.
+        os.kill(int(st.read(st.SLURMD_PID)), signal.SIGKILL)
+        kill_job_processes(job, pwd.getpwnam(USER).pw_uid)
+        subprocess.run(["scontrol", "update", f"NodeName={st.HOST}", "State=DOWN",
+                        "Reason=monarch-crash-test"], check=True)
+        st.wait_for(lambda: st.job_state(job) == "PENDING", 60, "the job to be requeued")
+        self.assertTrue(st.job_dirs(job), "the crash left nothing to sweep")
+        # slurmd starts again: the sweep runs before any job.
+        subprocess.run(["slurmd", "-c"], check=True, env=dict(os.environ, SLURM_CONF=st.SLURM_CONF))
+        st.wait_for(lambda: f"monarch: job{job}: swept from tier fast" in st.slurmd_log(), 30,
+                    "the sweep at slurmd start")
+        # Back in service (ReturnToService=2 may have done it already).
+        subprocess.run(["scontrol", "update", f"NodeName={st.HOST}", "State=RESUME"],
+                       capture_output=True)
+        # A requeued job waits 120 s before it may start again: not here.
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+        self.assertEqual(st.wait_job(job, timeout=120), "COMPLETED")
+        self.assertEqual(st.read(os.path.join(work, "run1.adopted")).strip(), "no",
+                         "the requeued run found the first run's files")
+        self.assertIn(f"monarch: job{job}: swept from tier slow", st.slurmd_log())
+        self.assertNoLeftovers(job)
+
+
+if __name__ == "__main__":
+    st.main()
