@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,9 +18,11 @@
 #include <sstream>
 
 #include "config.h"
+#include "fd.h"
 #include "jobmap.h"
 #include "remove_tree.h"
 #include "report.h"
+#include "trash.h"
 
 #ifndef MONARCH_BINDIR
 #define MONARCH_BINDIR "/usr/local/bin"
@@ -58,6 +61,30 @@ std::string find_file(std::initializer_list<std::string> candidates) {
   for (const std::string& c : candidates)
     if (access(c.c_str(), F_OK) == 0) return realpath(c.c_str(), real) ? real : c;
   return *candidates.begin();
+}
+
+// The run's copies on tier `t` leave in one rename, into the user's trash on
+// that tier (<tier>/.monarch-trash-<uid>, private to the user), and a
+// detached monarch-purge deletes them (trash.h, the epilog's mechanism): the
+// run ends without waiting on how many files it copied. False when that
+// cannot be done (the caller deletes them itself).
+bool move_to_user_trash(const TierConfig& t, const std::string& job, const std::string& purge) {
+  Fd tier(open(t.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!tier) return false;
+  std::string trash = ".monarch-trash-" + std::to_string(geteuid());
+  mkdirat(tier.get(), trash.c_str(), 0700);
+  Fd trash_fd(openat(tier.get(), trash.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st;
+  // Another user's directory of that name (a world-writable tier) is not ours.
+  if (!trash_fd || fstat(trash_fd.get(), &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077))
+    return false;
+  std::string name = job_dir(t, job);
+  name = name.substr(name.rfind('/') + 1);
+  if (!move_to_trash(tier.get(), name, trash_fd.get())) return errno == ENOENT;
+  std::string error, path = t.path + "/" + trash;
+  if (start_purge(path, "", {}, error, purge)) return true;
+  purge_trash(trash_fd.get());  // no purge program: deleted here, still bounded
+  return true;
 }
 
 Options parse(int argc, char** argv) {
@@ -225,9 +252,11 @@ int main(int argc, char** argv) {
 
   std::string job = "run-" + std::to_string(getpid());
   std::string dir = exe_dir();
+  std::string purge = find_file({dir + "/monarch-purge", MONARCH_PURGE});
   auto remove_copies = [&] {
     if (opt.keep) return;
     for (const TierConfig& t : config.tiers) {
+      if (move_to_user_trash(t, job, purge)) continue;
       RemoveResult r = remove_tree(job_dir(t, job));
       if (r.errors)
         say("monarch-run: could not remove " + r.first_path + ": " + std::strerror(r.first_errno) +

@@ -99,10 +99,10 @@ PurgeResult purge_trash(int trash_fd) {
 }
 
 bool start_purge(const std::string& trash_dir, const std::string& log,
-                 const std::vector<int>& hand_over, std::string& error) {
+                 const std::vector<int>& hand_over, std::string& error, const std::string& purge) {
   // Everything the children need is made before fork: they run
   // async-signal-safe calls only.
-  std::string program = MONARCH_PURGE, log_flag = "--log";
+  std::string program = purge.empty() ? MONARCH_PURGE : purge, log_flag = "--log";
   std::vector<char*> argv{program.data(), const_cast<char*>(trash_dir.c_str())};
   if (!log.empty()) argv.insert(argv.end(), {log_flag.data(), const_cast<char*>(log.c_str())});
   argv.push_back(nullptr);
