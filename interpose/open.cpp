@@ -220,14 +220,11 @@ void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
     reload_map();  // a restarted stager publishes a new map
   }
   bool copies = alive && !m->header().copies_off.load(std::memory_order_relaxed);
-  if (!copies || (s.state != kNone && s.state != kQueued && s.state != kCopying)) {
+  if (!copies || stream || (s.state != kNone && s.state != kQueued && s.state != kCopying)) {
     e->gave_up = true;  // no copy will serve it: counted, read from the PFS
     return;
   }
-  if (s.state == kNone && !stream && m->entry(file).size <= m->small_file_max())
-    return read_whole(m, file, fd, e);
-  if (s.state == kNone) touch(m, file);  // the job reads the dataset: stage-ahead goes further
-  e->gave_up = stream;
+  if (m->entry(file).size <= m->small_file_max() && s.state == kNone) read_whole(m, file, fd, e);
 }
 
 // An open for reading of the indexed dataset file `file`.

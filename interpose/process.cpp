@@ -135,15 +135,29 @@ bool job_dir_on_fuse() {
 
 JobMap* load_map() {
   uint64_t now = monotonic_ns();
-  if (now < P.next_load_ns.load() || P.loading.exchange(1)) return P.map.load();
+  if (now < P.next_load_ns.load()) return P.map.load();
+  if (P.loading.exchange(1)) {
+    // Another thread loads it: its map, once there, is this call's too (a
+    // thread that went on without it would read that file behind Monarch's
+    // back for good). A load takes microseconds; the wait is bounded.
+    for (int i = 0; i < 1000 && P.loading.load(); ++i) {
+      struct timespec ms {
+        0, 50'000
+      };
+      nanosleep(&ms, nullptr);
+    }
+    return P.map.load();
+  }
   JobMap* result = P.map.load();
   // Until the first map is there (the stager indexes while the job starts),
   // look often: the job switches to copies within milliseconds of it. After,
-  // only a restarted stager brings another: look rarely.
-  P.next_load_ns = now + (result ? 500'000'000 : 5'000'000);
+  // only a restarted stager brings another: look rarely. Set when this look
+  // is over: meanwhile the other threads wait for it.
+  uint64_t next = now + (result ? 500'000'000 : 5'000'000);
   if (job_dir_on_fuse()) {
     if (!P.fuse_noted.exchange(1))
       note("%s is on a FUSE mount, not a node-local tier: reading from the PFS", P.job_dir);
+    P.next_load_ns = next;
     P.loading = 0;
     return result;
   }
@@ -182,6 +196,7 @@ JobMap* load_map() {
     note("no job map at %s yet; reading from the PFS", path);
   }
   if (fd >= 0) real::close(fd);
+  P.next_load_ns = next;
   P.loading = 0;
   return result;
 }

@@ -270,16 +270,14 @@ bool Copier::next_job(Job& job) {
       while (backlog_next_ < map_.size()) {
         uint32_t f = backlog_[backlog_next_];
         uint32_t s = map_.entry(f).state.load();
-        // A file a reader read from the PFS is not ahead: the job reads it.
-        bool demanded = aux_of(s) & kTouched;
-        if (state_of(s) == kNone && !demanded && !window_room(map_.entry(f).size)) {
-          waiting_for_readers = true;  // far enough ahead: until readers open some of it
+        if (state_of(s) == kNone && !window_room(map_.entry(f).size)) {
+          waiting_for_readers = true;  // far enough ahead: until readers read some of it
           break;
         }
         backlog_next_++;
         if (state_of(s) == kNone && set_state(f, s, make_state(kQueued, 0, coarse_now()))) {
-          job = Job{.file = f, .ahead = !demanded};
-          if (job.ahead) ahead_bytes_ += map_.entry(f).size;
+          job = Job{.file = f, .ahead = true};
+          ahead_bytes_ += map_.entry(f).size;
           running_++;
           return true;
         }
@@ -301,7 +299,7 @@ bool Copier::next_job(Job& job) {
 bool Copier::window_room(uint64_t size) const {
   uint64_t touched = map_.header().ahead_touched.load(std::memory_order_relaxed);
   uint64_t unread = ahead_bytes_ > touched ? ahead_bytes_ - touched : 0;
-  return size <= opt_.ahead_window && unread + size <= opt_.ahead_window;
+  return unread == 0 || unread + size <= opt_.ahead_window;
 }
 
 std::string Copier::tmp_name(uint32_t file) const {
@@ -511,7 +509,7 @@ void Copier::finish(Job& job) {
   }
   placement_.written(job.tier, e.size);
   // Made ahead of any reader: readers mark it when they open it (kTouched).
-  bool ahead = job.ahead && job.memfd < 0 && !job.urgent && !boost_[job.slot];
+  bool ahead = job.memfd < 0 && !job.urgent && !boost_[job.slot];
   if (!ahead && job.ahead) {
     std::lock_guard lock(mu_);
     ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, e.size);  // a reader asked meanwhile

@@ -128,9 +128,10 @@ class Copier {
   std::vector<uint32_t> backlog_;  // stage-ahead order: file ids by size
   uint64_t backlog_next_ = 0;
   uint64_t ahead_bytes_ = 0;  // copies made (or under way) ahead of any reader
-  // Whether a copy of `size` bytes made ahead keeps the copies readers have not
-  // opened within the window: never above it, so that a job reading a part of
-  // the dataset costs the PFS at most that part plus the window. REQUIRES mu_
+  // Whether a copy of `size` bytes may be made ahead: the copies readers have
+  // not opened stay within the window (a file larger than the window only
+  // when no other is unread), so that a job reading a part of the dataset
+  // costs the PFS that part plus at most the window. REQUIRES mu_
   bool window_room(uint64_t size) const;
   bool rescan_ = false;
   std::atomic<bool> stopping_{false};

@@ -84,10 +84,8 @@ inline constexpr uint32_t aux_of(uint32_t w) {
 // bytes may have changed (a write, a truncate, another version on the PFS).
 inline constexpr uint32_t kCopyToDelete = 1, kNamesOnly = 2;
 // `aux` of kCached: the copy was made ahead (stage-ahead), before any reader
-// asked for it; and a reader has opened it since. kTouched also in kNone: a
-// reader read the file from the PFS, too large to hand over. Stage-ahead
-// copies at most a window of bytes ahead of what readers have touched, so
-// readers that outrun the copies (epoch 1 of training) pull it along.
+// asked for it; and a reader has opened it since. Stage-ahead copies at most
+// a window of bytes ahead of what readers have touched (Header::ahead_touched).
 inline constexpr uint32_t kAhead = 1, kTouched = 2;
 
 // Time in the 24 bits of `aux`: CLOCK_MONOTONIC in units of 2^20 ns (about
@@ -168,8 +166,11 @@ struct Header {
   std::atomic<uint32_t> stopping;   // the stager is shutting down: do not wait for it
   std::atomic<uint32_t> next_slot;  // next free ProcSlot
   std::atomic<uint64_t> copied_ns;  // CLOCK_MONOTONIC of the last progress of any copy (or start)
-  std::atomic<uint64_t> ahead_touched;  // bytes of copies made ahead that readers have opened
-  std::atomic<uint32_t> copies_off;     // the dataset's file system is fast: no copy is worth it
+  // Bytes of copies made ahead that readers have opened, plus the bytes
+  // readers read from the PFS: readers that outrun the copies (epoch 1 of
+  // training) pull stage-ahead along.
+  std::atomic<uint64_t> ahead_touched;
+  std::atomic<uint32_t> copies_off;  // the dataset's file system is fast: no copy is worth it
   CopySlot copies[kCopySlots];
 };
 

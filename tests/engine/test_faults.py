@@ -87,8 +87,13 @@ class Faults(Case):
         # Another job fills the file system while this one copies.
         filler = subprocess.Popen(["sh", "-c", f"sleep 0.3; dd if=/dev/zero of={mnt}/filler "
                                    "bs=1M 2>/dev/null; true"])
-        epochs, p = read_dataset(self.root, "read", monarch=["--dataset", self.root, "--tier",
-                                                             f"{mnt}:10G", "--keep"])
+        # The dataset is on a local disk: copy_fast_dataset keeps the stager copying.
+        conf = os.path.join(tempfile.mkdtemp(prefix="monarch-conf-"), "monarch.conf")
+        self.addCleanup(shutil.rmtree, os.path.dirname(conf), True)
+        with open(conf, "w") as f:
+            f.write(f"copy_fast_dataset = yes\n[tier.a]\npath = {mnt}\nquota = 10G\n")
+        epochs, p = read_dataset(self.root, "read", monarch=["--dataset", self.root, "--config",
+                                                             conf, "--keep"])
         filler.wait()
         self.assertSameBytes(epochs, self.ref)
         # Every published copy is complete.
