@@ -83,17 +83,21 @@ void writers_already_open(JobMap* m) {
   closedir(d);
 }
 
-// Whether the job directory lies on a FUSE mount, judged from
-// /proc/self/mountinfo, which never waits on a file system. A user can mount
-// one over the directory, and a daemon that never answers would hang every
-// call that looks for the map; Monarch's tiers are node-local file systems,
-// so such a directory is not Monarch's. Called under P.loading.
+// Whether the job directory lies on a FUSE mount, or has one below it (on
+// its map, say), judged from /proc/self/mountinfo, which never waits on a
+// file system. A user can mount one there, and a daemon that never answers
+// would hang every call that looks for the map; Monarch's tiers are
+// node-local file systems, so such a directory is not Monarch's. A line too
+// long to read whole counts as such a mount. The path is compared as written
+// (made lexically clean): a job directory reached through a symbolic link
+// is judged by that link's path. Called under P.loading.
 bool job_dir_on_fuse() {
-  static char buf[8192];
+  static char buf[16384];
   int fd = real::open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  size_t have = 0, best = 0;
-  bool fuse = false;
+  const char* job = P.job_mount_path;
+  size_t have = 0, best = 0, jlen = std::strlen(job);
+  bool fuse = false, below = false, unsure = false;
   for (;;) {
     ssize_t n = real::read(fd, buf + have, sizeof buf - 1 - have);
     if (n <= 0) break;
@@ -119,18 +123,19 @@ bool job_dir_on_fuse() {
         }
       }
       mp[m] = 0;
-      bool under = std::strcmp(mp, "/") == 0 || has_prefix(P.job_dir, mp, m);
-      if (under && m >= best) {  // the deepest mount; the last of equals is on top
-        best = m;
-        fuse = std::strncmp(dash + 3, "fuse", 4) == 0;
+      bool is_fuse = std::strncmp(dash + 3, "fuse", 4) == 0;
+      if (std::strcmp(mp, "/") == 0 || has_prefix(job, mp, m)) {
+        if (m >= best) best = m, fuse = is_fuse;  // the deepest; the last of equals is on top
+      } else if (is_fuse && has_prefix(mp, job, jlen)) {
+        below = true;
       }
     }
     have = size_t(buf + have - line);
     std::memmove(buf, line, have);
-    if (have >= sizeof buf - 1) have = 0;  // a line longer than the buffer: skipped
+    if (have >= sizeof buf - 1) have = 0, unsure = true;  // a line longer than the buffer
   }
   real::close(fd);
-  return fuse;
+  return fuse || below || unsure;
 }
 
 JobMap* load_map() {
@@ -387,6 +392,9 @@ bool init_process(const char* dataset, const char* job, bool log) {
   while (n > 1 && P.root[n - 1] == '/') P.root[--n] = 0;
   P.root_len = n;
   std::strcpy(P.job_dir, job);
+  int jn = normalize_path(cwd, job, P.job_mount_path, sizeof P.job_mount_path);
+  if (jn <= 0) std::strcpy(P.job_mount_path, job), jn = int(std::strlen(job));
+  while (jn > 1 && P.job_mount_path[jn - 1] == '/') P.job_mount_path[--jn] = 0;
   const char* base = std::strrchr(job, '/');
   std::strcpy(P.job_name, base ? base + 1 : job);
   char sock[kPathMax + 16];

@@ -27,7 +27,8 @@ struct Process {
   char real_root[kPathMax];  // from the job map, once loaded
   std::atomic<size_t> real_len;
   char job_dir[kPathMax];
-  char job_name[kPathMax];  // "monarch-<key>", the name of the job's directory on every tier
+  char job_mount_path[kPathMax];  // job_dir made lexically clean, for /proc/self/mountinfo
+  char job_name[kPathMax];        // "monarch-<key>", the name of the job's directory on every tier
   std::atomic<JobMap*> map;
   std::atomic<uint64_t> next_load_ns;
   std::atomic<int> loading;

@@ -147,7 +147,9 @@ std::vector<std::string> record_keys(int jobs_fd, size_t limit) {
 
 Fd hold_record(int jobs_fd, const std::string& key) {
   Fd fd(openat(jobs_fd, key.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-  if (fd.get() >= 0 && flock(fd.get(), LOCK_SH | LOCK_NB) != 0) return Fd(-1);
+  // Blocking: an exclusive holder is only another job's sweep testing it,
+  // which never waits while it holds it.
+  if (fd.get() >= 0 && flock(fd.get(), LOCK_SH) != 0) return Fd(-1);
   return fd;
 }
 

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 
@@ -63,28 +65,81 @@ std::string find_file(std::initializer_list<std::string> candidates) {
   return *candidates.begin();
 }
 
-// The run's copies on tier `t` leave in one rename, into the user's trash on
-// that tier (<tier>/.monarch-trash-<uid>, private to the user), and a
-// detached monarch-purge deletes them (trash.h, the epilog's mechanism): the
-// run ends without waiting on how many files it copied. False when that
-// cannot be done (the caller deletes them itself).
-bool move_to_user_trash(const TierConfig& t, const std::string& job, const std::string& purge) {
-  Fd tier(open(t.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!tier) return false;
-  std::string trash = ".monarch-trash-" + std::to_string(geteuid());
-  mkdirat(tier.get(), trash.c_str(), 0700);
-  Fd trash_fd(openat(tier.get(), trash.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  struct stat st;
-  // Another user's directory of that name (a world-writable tier) is not ours.
-  if (!trash_fd || fstat(trash_fd.get(), &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077))
-    return false;
-  std::string name = job_dir(t, job);
-  name = name.substr(name.rfind('/') + 1);
-  if (!move_to_trash(tier.get(), name, trash_fd.get())) return errno == ENOENT;
-  std::string error, path = t.path + "/" + trash;
-  if (start_purge(path, "", {}, error, purge)) return true;
-  purge_trash(trash_fd.get());  // no purge program: deleted here, still bounded
-  return true;
+// How long monarch-run waits for its copies to be deleted: a small run leaves
+// its tiers as it found them, a large one ends anyway.
+constexpr int kTeardownWaitMs = 200;
+
+// The run's directory on a tier, held by a descriptor from the moment the
+// stager is ready: its deletion goes through it, never by path again, so
+// whoever can rename entries in a shared tier cannot point it elsewhere.
+struct RunDir {
+  Fd parent, dir;
+  std::string name;
+};
+
+std::vector<RunDir> open_run_dirs(const std::vector<TierConfig>& tiers, const std::string& job) {
+  std::vector<RunDir> dirs;
+  for (const TierConfig& t : tiers) {
+    std::string path = job_dir(t, job), name = path.substr(path.rfind('/') + 1);
+    Fd parent(open(t.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    Fd dir(parent
+               ? openat(parent.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+               : -1);
+    struct stat st;
+    if (dir && fstat(dir.get(), &st) == 0 && st.st_uid == geteuid())
+      dirs.push_back({std::move(parent), std::move(dir), name});
+  }
+  return dirs;
+}
+
+// Whether `name` in `parent` is still the directory `dir`.
+bool still_named(const RunDir& d, const std::string& name) {
+  struct stat a, b;
+  return fstat(d.dir.get(), &a) == 0 &&
+         fstatat(d.parent.get(), name.c_str(), &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+         a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+// Deletes the run's directories: each leaves its name in one rename, then a
+// child of its own session deletes it through its descriptor (bounded,
+// remove_tree.h), monarch-run waiting at most kTeardownWaitMs; past that the
+// child goes on alone at the lowest priority: the run's end never waits on
+// how many files it copied.
+void remove_copies(std::vector<RunDir> dirs) {
+  for (RunDir& d : dirs) {
+    std::string hidden = "." + d.name + ".deleting";
+    if (still_named(d, d.name) && renameat2(d.parent.get(), d.name.c_str(), d.parent.get(),
+                                            hidden.c_str(), RENAME_NOREPLACE) == 0)
+      d.name = hidden;
+  }
+  if (dirs.empty()) return;
+  pid_t child = fork();
+  if (child == 0) {
+    // Whoever reads the run's output sees its end now, not the deletion's.
+    int null = open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; ++fd) dup2(null, fd);
+    setsid();
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (const RunDir& d : dirs) {
+      purge_trash(d.dir.get());  // every entry in it, bounded whatever the tree
+      if (still_named(d, d.name)) unlinkat(d.parent.get(), d.name.c_str(), AT_REMOVEDIR);
+    }
+    _exit(0);
+  }
+  if (child < 0) {  // no child: here, then
+    for (const RunDir& d : dirs) {
+      purge_trash(d.dir.get());
+      if (still_named(d, d.name)) unlinkat(d.parent.get(), d.name.c_str(), AT_REMOVEDIR);
+    }
+    return;
+  }
+  for (int waited = 0; waited < kTeardownWaitMs; waited += 2) {
+    if (waitpid(child, nullptr, WNOHANG) == child) return;
+    usleep(2000);
+  }
+  setpriority(PRIO_PROCESS, id_t(child), 19);  // it goes on alone
 }
 
 Options parse(int argc, char** argv) {
@@ -184,7 +239,8 @@ void say(const std::string& line) {
 // to the PFS until the stager has published the index). Returns the child's
 // status; `forwarded` is the last signal forwarded (0 if none), `monarch`
 // false once the stager said it cannot serve.
-int wait_forwarding(pid_t child, const sigset_t& set, int ready, int& forwarded, bool& monarch) {
+int wait_forwarding(pid_t child, const sigset_t& set, int ready, int& forwarded, bool& monarch,
+                    const std::function<void()>& on_ready) {
   forwarded = 0;
   std::string line;
   for (;;) {
@@ -200,6 +256,7 @@ int wait_forwarding(pid_t child, const sigset_t& set, int ready, int& forwarded,
       if (n > 0) line.append(buf, size_t(n));
       // "ready" first, then "error: ..." if the index cannot be made.
       for (size_t nl; (nl = line.find('\n')) != std::string::npos; line.erase(0, nl + 1)) {
+        if (line.starts_with("ready\n")) on_ready();
         if (!line.starts_with("error: ")) continue;
         size_t at = line.starts_with("error: unavailable: ") ? 20 : 7;
         say("monarch-run: Monarch is off for this run: " + line.substr(at, nl - at) +
@@ -252,17 +309,6 @@ int main(int argc, char** argv) {
 
   std::string job = "run-" + std::to_string(getpid());
   std::string dir = exe_dir();
-  std::string purge = find_file({dir + "/monarch-purge", MONARCH_PURGE});
-  auto remove_copies = [&] {
-    if (opt.keep) return;
-    for (const TierConfig& t : config.tiers) {
-      if (move_to_user_trash(t, job, purge)) continue;
-      RemoveResult r = remove_tree(job_dir(t, job));
-      if (r.errors)
-        say("monarch-run: could not remove " + r.first_path + ": " + std::strerror(r.first_errno) +
-            "\n");
-    }
-  };
 
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
@@ -308,7 +354,9 @@ int main(int argc, char** argv) {
 
   pid_t child = spawn(opt.command, &env, -1);
   int forwarded = 0;
-  int status = wait_forwarding(child, set, pipefd[0], forwarded, monarch);
+  std::vector<RunDir> dirs;
+  int status = wait_forwarding(child, set, pipefd[0], forwarded, monarch,
+                               [&] { dirs = open_run_dirs(config.tiers, job); });
   if (forwarded)
     say(std::string("monarch-run: forwarded ") + strsignal(forwarded) +
         " to the command; stopping the stager and removing the copies\n");
@@ -331,6 +379,6 @@ int main(int argc, char** argv) {
     }
     say(summary);
   }
-  remove_copies();
+  if (!opt.keep) remove_copies(dirs.empty() ? open_run_dirs(config.tiers, job) : std::move(dirs));
   return status;
 }

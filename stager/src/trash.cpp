@@ -86,23 +86,26 @@ PurgeResult purge_trash(int trash_fd) {
   // Rounds, each under the lock, while they delete something: a mover that
   // found the lock taken left its entry to this purge, and the next round
   // (after the unlock, so no entry can fall between two purges) takes it.
-  for (bool first = true;; first = false) {
+  // One more round after one that deleted nothing, if the trash is not empty
+  // then: an entry may have come after the last pass, its mover's purge gone.
+  for (int round = 0, idle = 0;; ++round) {
     if (flock(trash_fd, LOCK_EX | LOCK_NB) != 0) {
-      out.busy = first;
+      out.busy = round == 0;
       return out;
     }
     bool any = false;
     while (purge_pass(trash_fd, out)) any = true;
     flock(trash_fd, LOCK_UN);
-    if (!any) return out;
+    idle = any ? 0 : idle + 1;
+    if (idle > 1 || (idle == 1 && !trash_has_entries(trash_fd))) return out;
   }
 }
 
 bool start_purge(const std::string& trash_dir, const std::string& log,
-                 const std::vector<int>& hand_over, std::string& error, const std::string& purge) {
+                 const std::vector<int>& hand_over, std::string& error) {
   // Everything the children need is made before fork: they run
   // async-signal-safe calls only.
-  std::string program = purge.empty() ? MONARCH_PURGE : purge, log_flag = "--log";
+  std::string program = MONARCH_PURGE, log_flag = "--log";
   std::vector<char*> argv{program.data(), const_cast<char*>(trash_dir.c_str())};
   if (!log.empty()) argv.insert(argv.end(), {log_flag.data(), const_cast<char*>(log.c_str())});
   argv.push_back(nullptr);

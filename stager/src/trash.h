@@ -44,10 +44,8 @@ PurgeResult purge_trash(int trash_fd);
 // go with it and are closed when it exits: the caller closes its own
 // copies at once, so the purge pays whatever letting them go costs (the
 // last reference to a detached mount). Returns at once; false with a
-// message when it could not be started. `program`: another monarch-purge
-// than the installed one (a build tree's).
+// message when it could not be started.
 bool start_purge(const std::string& trash_dir, const std::string& log,
-                 const std::vector<int>& hand_over, std::string& error,
-                 const std::string& program = "");
+                 const std::vector<int>& hand_over, std::string& error);
 
 }  // namespace monarch
