@@ -100,9 +100,18 @@ bool still_named(const RunDir& d, const std::string& name) {
          a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+// Deletes what is in each directory (bounded whatever the tree: trash.h), then
+// the directory, if its name is still its own.
+void delete_run_dirs(const std::vector<RunDir>& dirs) {
+  for (const RunDir& d : dirs) {
+    purge_trash(d.dir.get());
+    if (still_named(d, d.name)) unlinkat(d.parent.get(), d.name.c_str(), AT_REMOVEDIR);
+  }
+}
+
 // Deletes the run's directories: each leaves its name in one rename, then a
-// child of its own session deletes it through its descriptor (bounded,
-// remove_tree.h), monarch-run waiting at most kTeardownWaitMs; past that the
+// child of its own session deletes it through its descriptor, monarch-run
+// waiting at most kTeardownWaitMs; past that the
 // child goes on alone at the lowest priority: the run's end never waits on
 // how many files it copied.
 void remove_copies(std::vector<RunDir> dirs) {
@@ -122,19 +131,10 @@ void remove_copies(std::vector<RunDir> dirs) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (const RunDir& d : dirs) {
-      purge_trash(d.dir.get());  // every entry in it, bounded whatever the tree
-      if (still_named(d, d.name)) unlinkat(d.parent.get(), d.name.c_str(), AT_REMOVEDIR);
-    }
+    delete_run_dirs(dirs);
     _exit(0);
   }
-  if (child < 0) {  // no child: here, then
-    for (const RunDir& d : dirs) {
-      purge_trash(d.dir.get());
-      if (still_named(d, d.name)) unlinkat(d.parent.get(), d.name.c_str(), AT_REMOVEDIR);
-    }
-    return;
-  }
+  if (child < 0) return delete_run_dirs(dirs);  // no child: here, then
   for (int waited = 0; waited < kTeardownWaitMs; waited += 2) {
     if (waitpid(child, nullptr, WNOHANG) == child) return;
     usleep(2000);
