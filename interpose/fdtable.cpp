@@ -1,10 +1,14 @@
 #include "fdtable.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+
+#include <new>
 
 #include "handlers.h"
 #include "process.h"
@@ -32,10 +36,18 @@ FdEntry* slot_for(int fd) {
   return &c[fd & ((1 << kChunkBits) - 1)];
 }
 
+Whole* make_whole(char* data, uint64_t size) {
+  void* p = real::mmap(nullptr, sizeof(Whole), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+  return p == MAP_FAILED ? nullptr : new (p) Whole{{1}, data, size};
+}
+
 namespace {
 // Bytes read whole are given back a second after their last descriptor goes:
 // another thread may still be inside a read of them (a close racing a read
 // is the program's business; a crash would be ours).
+// Signals are blocked while the ring's lock is held: a handler that closes a
+// descriptor on this thread would otherwise spin on it for ever.
 void retire(Whole* w) {
   static std::atomic_flag lock = ATOMIC_FLAG_INIT;
   static struct {
@@ -44,16 +56,20 @@ void retire(Whole* w) {
   } ring[64];
   static unsigned next = 0;
   uint64_t now = monotonic_ns();
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
   while (lock.test_and_set(std::memory_order_acquire)) sched_yield();
   for (auto& r : ring)
     if (r.w && (now - r.at > 1'000'000'000 || &r == &ring[next % 64])) {
       munmap(r.w->data, r.w->size ? r.w->size : 1);
-      delete r.w;
+      munmap(r.w, sizeof(Whole));
       r.w = nullptr;
     }
   ring[next % 64] = {w, now};
   next++;
   lock.clear(std::memory_order_release);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 void drop_whole(FdEntry* e) {

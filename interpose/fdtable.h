@@ -35,11 +35,14 @@ enum Kind : uint8_t { kUntracked = 0, kLocal, kPfs };
 
 // Bytes of a small file read whole at open, shared by the entries of one
 // descriptor's duplicates (dup, dup2, fcntl). Unmapped with the last of them.
+// Made and freed with mmap and munmap, never malloc: open and close stay
+// async-signal-safe, as the kernel's are (a signal handler may call them).
 struct Whole {
   std::atomic<int> refs;
   char* data;
   uint64_t size;
 };
+Whole* make_whole(char* data, uint64_t size);  // null when it cannot be mapped
 
 struct FdEntry {
   std::atomic<uint8_t> kind;

@@ -28,7 +28,7 @@ namespace {
 // A tracked descriptor of a local copy whose claim the kernel confirms.
 FdEntry* local_copy(int fd) {
   FdEntry* e = tracked(fd);
-  if (!e || e->kind.load() != kLocal || !owner() || !identity(fd, e)) return nullptr;
+  if (!e || e->kind.load() != kLocal || !P.enabled || !owner() || !identity(fd, e)) return nullptr;
   return e;
 }
 

@@ -58,6 +58,22 @@ void opened_for_writing(int fd) {
   if (m && real::fstat(fd, &st) == 0) mark_stale_inode(m, st);
 }
 
+// After an open for writing: if the kernel opened a copy (through a name of
+// a copy's descriptor, in whatever spelling: /proc/self/task/T/fd/N, openat
+// on /proc/self/fd...), the write belongs to the PFS file: that file is
+// opened instead with the same flags, the copy's descriptor closed, before
+// the caller sees either. Judged by what the descriptor is, not by its name.
+int write_reaches_pfs(int fd, int flags, mode_t mode) {
+  JobMap* m;
+  uint32_t file, tier;
+  if (fd < 0 || !owner() || !names_a_copy(fd, m, file, tier)) return fd;
+  real::close(fd);
+  mark_stale(m, file);
+  char pfs[2 * kPathMax];
+  if (!pfs_path(m, file, pfs, sizeof pfs)) return errno = ENAMETOOLONG, -1;
+  return real::open(pfs, flags & ~(O_NOFOLLOW | O_CREAT | O_EXCL), mode);
+}
+
 // Before a call that changes what `path` names: that file or directory is stale.
 void changing(int dirfd, const char* path, bool follow, bool names) {
   JobMap* m = map_for_changes();
@@ -179,7 +195,8 @@ void read_whole(JobMap* m, uint32_t file, int fd, FdEntry* e) {
     if (got != size) e->gave_up = true;  // not the indexed bytes: the PFS serves this descriptor
     return;
   }
-  e->whole = new Whole{{1}, data, size};
+  e->whole = make_whole(data, size);
+  if (!e->whole) munmap(data, size), e->gave_up = true;
 }
 
 // What an open for reading of `file` finds: counted, compared with the PFS
@@ -246,30 +263,22 @@ int open_file(JobMap* m, uint32_t file, int dirfd, const char* path, int flags, 
 }  // namespace
 
 int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass) {
-  // A magic name of a descriptor of a copy (/proc/self/fd/N): the kernel would
-  // open the PFS file it stands for. For reading, the copy is the same bytes:
-  // it is tracked as one; for writing, the PFS file is opened instead (never
-  // the copy: that would write the copy and lose the write).
-  if (int n = magic_fd(path); n >= 0 && owner()) {
+  // A name of a copy's descriptor (/proc/self/fd/N) opened for reading: the
+  // kernel opens the copy, which holds the PFS file's bytes: tracked as one.
+  // (Opened for writing: write_reaches_pfs, whatever the spelling.)
+  if (int n = magic_fd(path); n >= 0 && !writes(flags) && owner()) {
     FdEntry* e = tracked(n);
     if (e && e->kind.load() == kLocal && identity(n, e)) {
-      if (!writes(flags)) {
-        int fd = pass();
-        if (fd >= 0) {
-          KeepErrno k;
-          track_copy(fd, false);
-        }
-        return fd;
+      int fd = pass();
+      if (fd >= 0) {
+        KeepErrno k;
+        track_copy(fd, false);
       }
-      JobMap* m = e->map;
-      mark_stale(m, e->file);
-      char pfs[2 * kPathMax];
-      if (!pfs_path(m, e->file, pfs, sizeof pfs)) return errno = ENAMETOOLONG, -1;
-      return real::open(pfs, flags & ~O_NOFOLLOW, mode);
+      return fd;
     }
   }
   if (writes(flags)) {
-    int fd = pass();
+    int fd = write_reaches_pfs(pass(), flags, mode);
     if (fd >= 0) {
       KeepErrno k;
       opened_for_writing(fd);
@@ -293,6 +302,14 @@ int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass)
 FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
   if (!mode || mode[0] != 'r' || std::strchr(mode, '+')) {  // writes: the file is stale
     FILE* f = pass();
+    JobMap* m;
+    uint32_t file, tier;
+    if (f && owner() && names_a_copy(fileno(f), m, file, tier)) {  // see write_reaches_pfs
+      char pfs[2 * kPathMax];
+      real::fclose(f);
+      mark_stale(m, file);
+      f = pfs_path(m, file, pfs, sizeof pfs) ? real::fopen(pfs, mode) : nullptr;
+    }
     if (f) {
       KeepErrno k;
       opened_for_writing(fileno(f));

@@ -1,6 +1,5 @@
 #include "process.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <sys/mman.h>
@@ -12,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "client.h"
 #include "fdtable.h"
@@ -65,22 +65,34 @@ void find_ancestors() {
   P.ancestor_count = n;
 }
 
+// Calls fn(fd) for each descriptor of this process, read with getdents64
+// (opendir would malloc: this runs inside open, which a signal handler may call).
+template <class Fn>
+void for_each_open_fd(Fn fn) {
+  int dir = real::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return;
+  alignas(8) char buf[4096];
+  for (long n; (n = syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0;) {
+    for (long at = 0; at < n;) {
+      const char* name = buf + at + 19;  // linux_dirent64: ino 8, off 8, reclen 2, type 1
+      at += *reinterpret_cast<const unsigned short*>(buf + at + 16);
+      char* end;
+      long fd = std::strtol(name, &end, 10);
+      if (name[0] >= '0' && name[0] <= '9' && !*end && fd != dir) fn(int(fd));
+    }
+  }
+  real::close(dir);
+}
+
 // Descriptors this process opened for writing before the map was published
 // (a shell's "exec 3<>file" at the job's start): their files are stale.
 void writers_already_open(JobMap* m) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return;
-  while (dirent* e = readdir(d)) {
-    char* end;
-    long fd = std::strtol(e->d_name, &end, 10);
-    if (*end || fd < 0 || fd == dirfd(d)) continue;
-    int fl = real::fcntl(int(fd), F_GETFL);
+  for_each_open_fd([m](int fd) {
+    int fl = real::fcntl(fd, F_GETFL);
     struct stat st;
-    if (fl >= 0 && (fl & O_ACCMODE) != O_RDONLY && real::fstat(int(fd), &st) == 0 &&
-        S_ISREG(st.st_mode))
+    if (fl >= 0 && (fl & O_ACCMODE) != O_RDONLY && real::fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
       mark_stale_inode(m, st);
-  }
-  closedir(d);
+  });
 }
 
 // Whether the job directory lies on a FUSE mount, or has one below it (on
@@ -173,8 +185,15 @@ JobMap* load_map() {
   if (fd >= 0 && real::fstat(fd, &st) == 0 && (!result || st.st_ino != P.index_ino) &&
       S_ISREG(st.st_mode) && size_t(st.st_size) >= sizeof(Header)) {
     void* base = real::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // The JobMap itself in a page of its own, not from malloc: the first
+    // look may come from a signal handler's open, which must stay
+    // async-signal-safe as the kernel's is.
+    void* mem = base == MAP_FAILED ? MAP_FAILED
+                                   : real::mmap(nullptr, sizeof(JobMap), PROT_READ | PROT_WRITE,
+                                                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base != MAP_FAILED && mem == MAP_FAILED) munmap(base, st.st_size), base = MAP_FAILED;
     if (base != MAP_FAILED) {
-      auto* m = new JobMap(base, st.st_size);
+      auto* m = new (mem) JobMap(base, st.st_size);
       std::string_view why = m->why();
       if (why.empty() && std::strcmp(m->root(), P.root) != 0) why = "another dataset";
       if (why.empty()) {
@@ -194,7 +213,8 @@ JobMap* load_map() {
       } else {
         note("ignoring %s: %.*s; reading from the PFS", path, int(why.size()), why.data());
         munmap(base, st.st_size);
-        delete m;
+        m->~JobMap();
+        munmap(mem, sizeof(JobMap));
       }
     }
   } else if (!result) {
@@ -209,23 +229,16 @@ JobMap* load_map() {
 // Descriptors of the job's copies this process inherited through exec (a
 // shell's redirection, a pass_fds): tracked like the copies they are.
 void adopt_inherited() {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return;
   char marker[kPathMax + 16];
   std::snprintf(marker, sizeof marker, "/%s/data/", P.job_name);
-  while (dirent* e = readdir(d)) {
-    char* end;
-    long fd = std::strtol(e->d_name, &end, 10);
-    if (*end || fd < 0 || fd == dirfd(d)) continue;
+  for_each_open_fd([&marker](int fd) {
     char link[64], target[PATH_MAX];
-    std::snprintf(link, sizeof link, "/proc/self/fd/%ld", fd);
+    std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
     ssize_t n = real::readlink(link, target, sizeof target - 1);
-    if (n <= 0) continue;
+    if (n <= 0) return;
     target[n] = 0;
-    if (!std::strstr(target, marker) || !current_map()) continue;  // (cheap test first)
-    track_copy(int(fd), true);
-  }
-  closedir(d);
+    if (std::strstr(target, marker) && current_map()) track_copy(fd, true);  // (cheap test first)
+  });
 }
 
 void after_fork_child() {
@@ -275,9 +288,13 @@ int magic_fd(const char* path) {
   } else {
     return -1;
   }
-  char* end;
-  long fd = std::strtol(n, &end, 10);
-  return *n && !*end && fd >= 0 && fd < kTableLimit ? int(fd) : -1;
+  // As the kernel reads it: decimal digits only, no sign, space or leading zero.
+  long fd = 0;
+  for (const char* c = n; *c; ++c) {
+    if (*c < '0' || *c > '9' || (c == n && *c == '0' && c[1]) || fd >= kTableLimit) return -1;
+    fd = fd * 10 + (*c - '0');
+  }
+  return *n && fd < kTableLimit ? int(fd) : -1;
 }
 
 bool names_a_copy(int fd, JobMap*& m, uint32_t& file, uint32_t& tier) {

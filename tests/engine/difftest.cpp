@@ -49,7 +49,8 @@
 //     as it was: the sequence moves names only while none of its files is open;
 //   - O_DIRECT set with F_SETFL is followed for the descriptor and its
 //     duplicates in the process, not for a stdio stream's own reads: DIRECT
-//     is set only while no stream is open.
+//     is set only while no stream is open, and no stream is opened after it
+//     (a dup onto a stream's descriptor would make the stream read that file).
 // Offsets after a call are read with a raw lseek: the kernel's offset is what
 // another holder of the open file (a dup, a forked child) sees.
 // A sequence runs in its own forked child (fresh descriptor table, cwd TREE);
@@ -621,6 +622,9 @@ class Gen {
       case 0:
         return open_op();
       case 1: {
+        // No stream once DIRECT was set: a dup onto its descriptor would make
+        // it read that open file (kNotCompared).
+        if (direct_) return open_op();
         static const char* rmodes[] = {"r", "rb", "re", "r"};
         static const char* wmodes[] = {"r+", "a", "w", "a+", "r+e"};
         bool w = chance(20);
@@ -758,6 +762,7 @@ class Gen {
         bool streams = false;
         for (bool open : stream_) streams |= open;
         if (streams && f == "DIRECT") f = "NONBLOCK";
+        direct_ |= f == "DIRECT";
         return "setfl " + s(d) + " " + f;
       }
       case 36:
@@ -818,6 +823,7 @@ class Gen {
   std::string cwd_;
   Slot slot_[kSlots];
   bool stream_[kStreams] = {};    // the generator believes the stream is open
+  bool direct_ = false;           // DIRECT was set on some descriptor
   bool stream_w_[kStreams] = {};  // on a file of the sequence's own area
   bool w_opened_ = false;
 };
