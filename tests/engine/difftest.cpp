@@ -35,7 +35,7 @@
 //     "=" or its value (ext4 may give one of two equal files an extent block);
 //   - atime is never printed: reads served from copies do not update the PFS
 //     file's atime, by design.
-// kNotCompared: three limits of Monarch the README documents ("What Monarch
+// kNotCompared: limits of Monarch the README documents ("What Monarch
 // serves, and what it leaves"), which the generator does not produce, each
 // because only a descriptor Monarch would have to hold (visible, counted in
 // RLIMIT_NOFILE) or a read glibc makes internally could close it:
@@ -47,6 +47,9 @@
 //   - after the job unlinks or renames a cached file, a descriptor of its copy
 //     still reads the right bytes, but fstat and /proc/self/fd show the file
 //     as it was: the sequence moves names only while none of its files is open;
+//   - a stream whose descriptor was closed or replaced behind stdio's back
+//     (closefrom, close_range, dup2 or dup3 onto its number) reads what that
+//     number names through the same internal read(): it is not read again;
 //   - O_DIRECT set with F_SETFL is followed for the descriptor and its
 //     duplicates in the process, not for a stdio stream's own reads: DIRECT
 //     is set only while no stream is open, and no stream is opened after it
@@ -632,18 +635,22 @@ class Gen {
         std::string t = w ? write_target() : kReadTargets[pick(kPlain)];
         f = stream_slot(false);
         stream_[f] = true;
+        detached_[f] = false;
         stream_w_[f] = w;
         return "fopen f" + num(f) + " " + spell(t, cwd_, !w, w) + " " +
                (w ? any(r_, wmodes) : any(r_, rmodes));
       }
       case 2:
+        if (detached_[f]) return open_op();
         return "fread " + fs + " " + num(int64_t(length(100000)));
       case 3:
+        if (detached_[f]) return open_op();
         return "fseek " + fs + " " + num(offset(100000)) + " " + (chance(50) ? "SET" : "CUR");
       case 4:
-        stream_[f] = false;
+        stream_[f] = detached_[f] = false;
         return "fclose " + fs;
       case 5: {
+        if (detached_[f]) return open_op();
         bool w = chance(20);
         stream_w_[f] = w;
         return "freopen " + fs + " " +
@@ -672,10 +679,12 @@ class Gen {
                          : chance(50) ? "=" + s(int(pick(kSlots)))
                          : chance(10) ? "-1"
                                       : num(3 + int64_t(pick(38)));
+        if (to[0] != '=') detach_streams();
         return "dup2 " + s(chance(10) ? int(pick(kSlots)) : d) + " " + to + " " + s(free_slot());
       }
       case 14: {
         std::string to = chance(30) ? "=" + s(int(pick(kSlots))) : num(3 + int64_t(pick(38)));
+        if (to[0] != '=') detach_streams();
         return "dup3 " + s(d) + " " + to + " " + (chance(50) ? "CLOEXEC" : "0") + " " +
                s(free_slot());
       }
@@ -688,12 +697,15 @@ class Gen {
         return "close " + s(c);
       }
       case 17:
+        detach_streams();
         return "closefrom " + num(3 + int64_t(pick(20)));
       case 18: {
         static const char* fl[] = {"0", "CLOEXEC", "0", "UNSHARE"};
         int64_t a = 3 + int64_t(pick(20));
         int64_t b = chance(30) ? int64_t(UINT_MAX) : a + int64_t(pick(10));
-        return "close_range " + num(a) + " " + num(b) + " " + any(r_, fl);
+        std::string how = any(r_, fl);
+        if (how != "CLOEXEC") detach_streams();
+        return "close_range " + num(a) + " " + num(b) + " " + how;
       }
       case 19:
         return fork_op();
@@ -824,6 +836,13 @@ class Gen {
   Slot slot_[kSlots];
   bool stream_[kStreams] = {};    // the generator believes the stream is open
   bool direct_ = false;           // DIRECT was set on some descriptor
+  bool detached_[kStreams] = {};  // its descriptor may have been closed or replaced
+  // Raw descriptor numbers were closed or replaced: an open stream's may be
+  // among them, and stdio would read whatever that number names now with
+  // glibc's internal read(), which no LD_PRELOAD library sees (kNotCompared).
+  void detach_streams() {
+    for (int i = 0; i < kStreams; ++i) detached_[i] |= stream_[i];
+  }
   bool stream_w_[kStreams] = {};  // on a file of the sequence's own area
   bool w_opened_ = false;
 };
