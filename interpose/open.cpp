@@ -58,19 +58,26 @@ void opened_for_writing(int fd) {
   if (m && real::fstat(fd, &st) == 0) mark_stale_inode(m, st);
 }
 
-// After an open for writing: if the kernel opened a copy (through a name of
-// a copy's descriptor, in whatever spelling: /proc/self/task/T/fd/N, openat
-// on /proc/self/fd...), the write belongs to the PFS file: that file is
-// opened instead with the same flags, the copy's descriptor closed, before
-// the caller sees either. Judged by what the descriptor is, not by its name.
-int write_reaches_pfs(int fd, int flags, mode_t mode) {
+// After an open for writing (open or fopen): whether the kernel opened a
+// copy, through a name of a copy's descriptor in whatever spelling
+// (/proc/self/task/T/fd/N, openat on /proc/self/fd...). The write belongs to
+// the PFS file: the file is marked stale and its path put in `pfs` ("" when
+// it does not fit); the caller opens it instead, before its caller sees the
+// copy. Judged by what the descriptor is, not by its name.
+bool opened_a_copy(int fd, char (&pfs)[2 * kPathMax]) {
   JobMap* m;
   uint32_t file, tier;
-  if (fd < 0 || !owner() || !names_a_copy(fd, m, file, tier)) return fd;
-  real::close(fd);
+  if (fd < 0 || !owner() || !names_a_copy(fd, m, file, tier)) return false;
   mark_stale(m, file);
+  if (!pfs_path(m, file, pfs, sizeof pfs)) pfs[0] = 0;
+  return true;
+}
+
+int write_reaches_pfs(int fd, int flags, mode_t mode) {
   char pfs[2 * kPathMax];
-  if (!pfs_path(m, file, pfs, sizeof pfs)) return errno = ENAMETOOLONG, -1;
+  if (!opened_a_copy(fd, pfs)) return fd;
+  real::close(fd);
+  if (!pfs[0]) return errno = ENAMETOOLONG, -1;
   return real::open(pfs, flags & ~(O_NOFOLLOW | O_CREAT | O_EXCL), mode);
 }
 
@@ -302,13 +309,10 @@ int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass)
 FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
   if (!mode || mode[0] != 'r' || std::strchr(mode, '+')) {  // writes: the file is stale
     FILE* f = pass();
-    JobMap* m;
-    uint32_t file, tier;
-    if (f && owner() && names_a_copy(fileno(f), m, file, tier)) {  // see write_reaches_pfs
-      char pfs[2 * kPathMax];
+    char pfs[2 * kPathMax];
+    if (f && opened_a_copy(fileno(f), pfs)) {
       real::fclose(f);
-      mark_stale(m, file);
-      f = pfs_path(m, file, pfs, sizeof pfs) ? real::fopen(pfs, mode) : nullptr;
+      f = pfs[0] ? real::fopen(pfs, mode) : (errno = ENAMETOOLONG, nullptr);
     }
     if (f) {
       KeepErrno k;
