@@ -250,10 +250,19 @@ ssize_t read_pfs_kind(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, 
   if (Whole* w = e->whole) {
     r = scatter(w->data, w->size, pos, iov, cnt);
     if (r >= 0) count_read(e, Source::kWhole, r);
+  } else if (want == 0) {
+    r = 0;
   } else {
-    uint32_t tier = 0, slot = 0;
-    Wait how = want ? wait_copy(e, pos, end, tier, slot) : Wait::kCopy;
-    if (how != Wait::kPfs) r = want ? read_copy(e, how, tier, slot, pos, iov, cnt, want) : 0;
+    // A partial copy published (renamed) or its slot reused between the wait
+    // and the read is asked again: it is the finished copy now, not a reason
+    // to read the whole range from the PFS too.
+    for (int attempt = 0; attempt < 3 && r == -2; ++attempt) {
+      uint32_t tier = 0, slot = 0;
+      Wait how = wait_copy(e, pos, end, tier, slot);
+      if (how == Wait::kPfs) break;
+      r = read_copy(e, how, tier, slot, pos, iov, cnt, want);
+      if (how == Wait::kCopy) break;
+    }
   }
   if (r == -2) {  // the PFS, at the position this read starts at
     uint64_t t0 = monotonic_ns();
