@@ -1,0 +1,56 @@
+#include "home.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <unordered_set>
+
+namespace monarch {
+namespace {
+
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// splitmix64's finalizer: spreads a 64-bit value over all bits, so that
+// nearby inputs give independent scores.
+uint64_t mix(uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+Homes::Homes(std::vector<Node> nodes) : nodes_(std::move(nodes)) {
+  std::unordered_set<std::string> seen;
+  for (const Node& n : nodes_) {
+    if (n.name.empty()) throw std::invalid_argument("a node of the job has an empty name");
+    if (!seen.insert(n.name).second)
+      throw std::invalid_argument("node '" + n.name + "' is listed twice in the job's nodes");
+    if (!(n.weight > 0) || !std::isfinite(n.weight))
+      throw std::invalid_argument("node '" + n.name + "' has weight " + std::to_string(n.weight) +
+                                  ": a node's weight (its cache's bytes) must be above 0");
+    seeds_.push_back(mix(fnv1a(n.name)));
+  }
+}
+
+int Homes::home(std::string_view path, uint64_t excluded) const {
+  uint64_t h = fnv1a(path);
+  int best = -1;
+  double best_score = 0;
+  for (int i = 0; i < int(nodes_.size()); ++i) {
+    if (i < 64 && (excluded >> i & 1)) continue;
+    // A uniform u in (0, 1) from the pair; -w / ln(u) has the distribution
+    // under which the largest of several picks node i with probability
+    // w_i / sum(w) (Schindelhauer and Schomaker's weighted rendezvous).
+    uint64_t r = mix(h ^ seeds_[i]);
+    double u = (double(r >> 11) + 0.5) * 0x1p-53;
+    double score = -nodes_[i].weight / std::log(u);
+    if (best < 0 || score > best_score) best = i, best_score = score;
+  }
+  return best;
+}
+
+}  // namespace monarch

@@ -1,0 +1,45 @@
+// Home nodes (issue 9): which node of a multi-node job copies a file from the
+// PFS, once per job. Weighted rendezvous hashing (highest random weight): each
+// (file, node) pair gets a pseudo-random score from both names, scaled by the
+// node's weight (its tier capacity); the file's home is the node with the
+// highest score. Hence:
+//   - every node computes the same homes from the same node list, in any order,
+//     with no message exchanged;
+//   - a node's share of the files' bytes follows its weight;
+//   - a node that is missing or has failed moves only the files homed on it,
+//     each to the node that scores next (home(path, excluded)); no other file moves.
+// Pure logic: names and weights in, node numbers out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace monarch {
+
+class Homes {
+ public:
+  struct Node {
+    std::string name;  // the node's name in the job's node list (Slurm's)
+    double weight;     // its share of the job's cache, e.g. its tiers' bytes; > 0
+  };
+  // Throws std::invalid_argument naming the node when a weight is not > 0 or
+  // a name is empty or repeated.
+  explicit Homes(std::vector<Node> nodes);
+
+  int nodes() const { return int(nodes_.size()); }
+  const Node& node(int i) const { return nodes_[i]; }
+
+  // The home of the file at `path` (relative to the dataset root): an index
+  // into the node list. `excluded`: a bit per node that must not be the home
+  // (failed peers); -1 when every node is excluded. Nodes past 64 are never
+  // excluded.
+  int home(std::string_view path, uint64_t excluded = 0) const;
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<uint64_t> seeds_;  // a hash of each node's name
+};
+
+}  // namespace monarch
