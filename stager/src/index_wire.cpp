@@ -1,0 +1,167 @@
+#include "index_wire.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+namespace monarch {
+namespace {
+
+// Puts file `i` into an open-addressing table of `n` buckets keyed by `hash`.
+void insert(uint32_t* bucket, uint64_t n, uint64_t hash, uint32_t i) {
+  for (uint64_t b = JobMap::bucket_of(hash, n), tries = 0; tries < n;
+       ++tries, b = b + 1 == n ? 0 : b + 1)
+    if (bucket[b] == 0) {
+      bucket[b] = i + 1;
+      return;
+    }
+}
+
+// Renumbers the walking node's device `from` to `to` everywhere the map holds
+// a device, and rebuilds the table of files by identity, whose hash includes
+// it. Only when every file and directory is on `from`.
+void renumber(char* p, const Header& h, uint64_t from, uint64_t to) {
+  auto* attrs = reinterpret_cast<Attr*>(p + h.attrs_off);
+  auto* entries = reinterpret_cast<Entry*>(p + h.entries_off);
+  auto* dirs = reinterpret_cast<DirEntry*>(p + h.dirs_off);
+  bool one = true;
+  for (uint64_t i = 0; i < h.attr_count; ++i) one = one && attrs[i].dev == from;
+  for (uint64_t i = 0; i < h.file_count; ++i) one = one && entries[i].attr < h.attr_count;
+  for (uint64_t i = 0; i < h.dir_count; ++i) one = one && dirs[i].dev == from;
+  if (!one)
+    throw std::runtime_error(
+        "the dataset spans several devices (or files the index cannot describe exactly), and "
+        "this node numbers its devices differently from the node that walked it");
+  for (uint64_t i = 0; i < h.attr_count; ++i) attrs[i].dev = to;
+  for (uint64_t i = 0; i < h.dir_count; ++i) dirs[i].dev = to;
+  auto* ino = reinterpret_cast<uint32_t*>(p + h.ino_buckets_off);
+  std::memset(ino, 0, h.ino_bucket_count * sizeof(uint32_t));
+  for (uint64_t i = 0; i < h.file_count; ++i)
+    insert(ino, h.ino_bucket_count, JobMap::hash(to, entries[i].ino), uint32_t(i));
+}
+
+// Does every table of `h` lie between the header and the counters' slots,
+// the part a wire form carries? (JobMap checks them against the whole file,
+// slots included.)
+bool tables_inside(const Header& h) {
+  auto inside = [&](uint64_t off, uint64_t count, uint64_t size) {
+    return off >= sizeof(Header) && off <= h.slots_off && count <= (h.slots_off - off) / size;
+  };
+  return inside(h.entries_off, h.file_count, sizeof(Entry)) &&
+         inside(h.strings_off, h.strings_size, 1) &&
+         inside(h.buckets_off, h.bucket_count, sizeof(uint32_t)) &&
+         inside(h.attrs_off, h.attr_count, sizeof(Attr)) &&
+         inside(h.dirs_off, h.dir_count, sizeof(DirEntry)) &&
+         inside(h.dir_buckets_off, h.dir_bucket_count, sizeof(uint32_t)) &&
+         inside(h.ino_buckets_off, h.ino_bucket_count, sizeof(uint32_t));
+}
+
+void copy_path(char (&dst)[kPathMax], const std::string& src) {
+  std::memset(dst, 0, kPathMax);
+  std::memcpy(dst, src.data(), std::min(src.size(), kPathMax - 1));
+}
+
+}  // namespace
+
+std::string index_wire(const JobMap& map) {
+  const Header& h = map.header();
+  const char* p = reinterpret_cast<const char*>(&h);
+  std::string wire(p, h.slots_off);
+  auto* w = reinterpret_cast<Header*>(wire.data());
+  // What is this node's alone: its generation, tiers and live words.
+  w->generation = 0;
+  std::memset(w->tier_dirs, 0, sizeof w->tier_dirs);
+  size_t live = offsetof(Header, heartbeat_ns);
+  std::memset(wire.data() + live, 0, sizeof(Header) - live);
+  return wire;
+}
+
+MappedMap build_index_from(const IndexOptions& opt, std::string_view wire, IndexStats& stats,
+                           const std::function<void(JobMap&)>& before_publish) {
+  auto start = std::chrono::steady_clock::now();
+  if (wire.size() < sizeof(Header) || std::memcmp(wire.data(), kMagic, sizeof kMagic) != 0)
+    throw std::runtime_error("the index received is not a Monarch index of this version");
+  Header h;
+  std::memcpy(static_cast<void*>(&h), wire.data(), sizeof(Header));
+  if (h.slots_off != wire.size() || h.entries_off < sizeof(Header))
+    throw std::runtime_error("the index received is truncated (" + std::to_string(wire.size()) +
+                             " bytes)");
+  if (!tables_inside(h))
+    throw std::runtime_error("the index received is damaged: a table lies outside it");
+  if (strnlen(h.root, kPathMax) == kPathMax || opt.root != h.root)
+    throw std::runtime_error("the index received is of another dataset (" +
+                             std::string(h.root, strnlen(h.root, kPathMax)) + ", not " + opt.root +
+                             ")");
+  struct stat root;
+  if (stat(opt.root.c_str(), &root) != 0)
+    throw std::runtime_error("cannot stat the dataset " + opt.root + ": " + std::strerror(errno));
+  if (uint64_t(root.st_ino) != h.root_ino)
+    throw std::runtime_error("the dataset " + opt.root +
+                             " is another directory here than on the node that walked it");
+
+  uint64_t total = h.slots_off + kProcSlots * sizeof(ProcSlot);
+  std::string tmp = opt.out_path + ".tmp";
+  unlink(tmp.c_str());
+  int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+  // Allocated, not sparse (see build_index).
+  if (int e = posix_fallocate(fd, 0, off_t(total)); e != 0) {
+    close(fd);
+    unlink(tmp.c_str());
+    throw std::runtime_error("cannot allocate " + std::to_string(total) + " bytes for " + tmp +
+                             ": " + std::strerror(e));
+  }
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    unlink(tmp.c_str());
+    throw std::runtime_error("cannot map " + tmp + ": " + std::strerror(errno));
+  }
+  MappedMap result(base, total);
+  char* p = static_cast<char*>(base);
+  std::memcpy(p, wire.data(), wire.size());
+  size_t live = offsetof(Header, heartbeat_ns);  // the sender's live words are not ours
+  std::memset(p + live, 0, sizeof(Header) - live);
+  auto* w = reinterpret_cast<Header*>(p);
+  w->file_size = total;
+  w->generation = opt.generation;
+  w->tier_count = uint32_t(opt.tier_dirs.size());
+  w->consistency = opt.consistency;
+  w->small_file_max = opt.small_file_max;
+  w->stall_ns = opt.stall_ns;
+  std::memset(w->tier_dirs, 0, sizeof w->tier_dirs);
+  for (size_t t = 0; t < opt.tier_dirs.size() && t < kMapTiers; ++t)
+    copy_path(w->tier_dirs[t], opt.tier_dirs[t]);
+  w->next_slot = 1;  // as build_index: slot 0 is shared
+  // Every table is checked against the size before anything below reads it.
+  result.reload();
+  if (!result.map().valid())
+    throw std::runtime_error("the index received is damaged: " + std::string(result.map().why()));
+  for (uint64_t i = 0; i < w->file_count; ++i)
+    result.map().entry(uint32_t(i)).state.store(make_state(kNone), std::memory_order_relaxed);
+  for (uint64_t i = 0; i < w->dir_count; ++i)
+    result.map().dir(uint32_t(i)).stale.store(0, std::memory_order_relaxed);
+  if (uint64_t(root.st_dev) != w->root_dev) {
+    renumber(p, *w, w->root_dev, root.st_dev);
+    w->root_dev = root.st_dev;
+    result.reload();
+  }
+  before_publish(result.map());
+  if (rename(tmp.c_str(), opt.out_path.c_str()) != 0)
+    throw std::runtime_error("cannot publish " + opt.out_path + ": " + std::strerror(errno));
+  stats.files = w->file_count;
+  stats.bytes = w->dataset_bytes;
+  stats.dirs = w->dir_count;
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.metadata_calls = 1;
+  return result;
+}
+
+}  // namespace monarch

@@ -1,0 +1,36 @@
+// The index sent to the other nodes of a multi-node job (issue 9): one node
+// walks the dataset, the others build their job map from its bytes, so the
+// dataset is walked once per job however many nodes read it.
+//
+// The wire form is the walking node's map without its live part: the header
+// (live fields cleared) and the static tables (entries, paths, buckets,
+// attributes, directories). The receiving node writes its own map from it,
+// with its own generation, tiers and settings, every file kNone, and device
+// numbers of its own: a PFS mounted on several nodes may show a different
+// st_dev on each, and the library compares devices to recognise dataset
+// files. Only a dataset on a single device is renumbered; the receiver must
+// walk a dataset spread over several (build_index_from says why).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "index.h"
+
+namespace monarch {
+
+// The wire form of a published map.
+std::string index_wire(const JobMap& map);
+
+// Builds this node's map from `wire` (checked as untrusted bytes: a damaged or
+// foreign wire form throws, never maps out of bounds), published at
+// opt.out_path like build_index. stats get the file, byte and directory
+// counts (no metadata call is made but one stat of the root). Throws
+// std::runtime_error saying why the wire form cannot serve this node: another
+// dataset root, another version of Monarch, a damaged table, a dataset whose
+// devices cannot be renumbered.
+MappedMap build_index_from(const IndexOptions& opt, std::string_view wire, IndexStats& stats,
+                           const std::function<void(JobMap&)>& before_publish);
+
+}  // namespace monarch
