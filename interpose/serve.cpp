@@ -11,14 +11,16 @@
 namespace monarch {
 
 bool copy_path(const JobMap* m, uint32_t file, uint32_t tier, char* out, size_t cap) {
-  std::string_view rel = m->path(file);
-  int n = std::snprintf(out, cap, "%s/data/%.*s", m->tier_dir(tier), int(rel.size()), rel.data());
-  return !rel.empty() && n > 0 && size_t(n) < cap;
+  char name[2 * kPathMax + 64];  // as large as any caller's path
+  if (!copy_name(*m, file, name, sizeof name)) return false;
+  int n = std::snprintf(out, cap, "%s/%s", m->tier_dir(tier), name);
+  return n > 0 && size_t(n) < cap;
 }
 
 bool partial_path(const JobMap* m, uint32_t file, uint32_t tier, char* out, size_t cap) {
-  int n = std::snprintf(out, cap, "%s/tmp/%llu-%u", m->tier_dir(tier),
-                        (unsigned long long)m->generation(), file);
+  char name[64];
+  if (!partial_name(*m, file, name, sizeof name)) return false;
+  int n = std::snprintf(out, cap, "%s/%s", m->tier_dir(tier), name);
   return n > 0 && size_t(n) < cap;
 }
 

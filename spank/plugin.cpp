@@ -151,7 +151,15 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
   return guarded("init_post_opt", 0, [&] {
     parse_args(ac, av);
     check_slurm_release(sp);
-    return spank_context() == S_CTX_REMOTE ? remote_init_post_opt(sp) : 0;
+    switch (spank_context()) {
+      case S_CTX_REMOTE:
+        return remote_init_post_opt(sp);
+      case S_CTX_LOCAL:
+      case S_CTX_ALLOCATOR:
+        return submit_post_opt();
+      default:
+        return 0;
+    }
   });
 }
 

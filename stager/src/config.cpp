@@ -230,6 +230,21 @@ const std::vector<KeyRule<Config>>& general_keys() {
       choice_key<Config, JobSpace>(
           "job_space", {{"image", JobSpace::kImage}, {"directory", JobSpace::kDirectory}},
           &Config::job_space),
+      {"job_wide", "yes, no",
+       [](const std::string& v, Config& c) {
+         if (!parse_bool(v, c.job_wide)) throw std::invalid_argument("");
+       }},
+      {"peer_ports", "a range of ports LOW-HIGH within 1024-65535, such as 7400-7899",
+       [](const std::string& v, Config& c) {
+         unsigned lo = 0, hi = 0;
+         char dash = 0, extra = 0;
+         if (std::sscanf(v.c_str(), "%5u%c%5u%c", &lo, &dash, &hi, &extra) != 3 || dash != '-' ||
+             lo < 1024 || hi > 65535 || hi < lo)
+           throw std::invalid_argument("");
+         c.peer_port_low = lo;
+         c.peer_port_high = hi;
+       }},
+      count_key("peer_timeout", 1, 60000, &Config::peer_timeout_ms),
   };
   return keys;
 }
@@ -444,6 +459,10 @@ std::string check_dataset(const std::string& given, const Config& config) {
                         ": the dataset must live on the shared file system");
   }
   return root;
+}
+
+uint16_t peer_port(const Config& config, uint32_t job_id) {
+  return uint16_t(config.peer_port_low + job_id % (config.peer_port_high - config.peer_port_low + 1));
 }
 
 }  // namespace monarch

@@ -53,8 +53,9 @@ void Copier::start() {
   map_.header().copied_ns.store(start_ns_);
   // Smallest files first: when the dataset does not fit, the tiers then hold
   // the most files, which saves the most PFS operations in later epochs.
-  backlog_.resize(map_.size());
-  for (uint32_t i = 0; i < backlog_.size(); ++i) backlog_[i] = i;
+  // In a multi-node job, each node stages ahead the files homed on it.
+  for (uint32_t i = 0; i < map_.size(); ++i)
+    if (!opt_.peers || opt_.peers->home(i) < 0) backlog_.push_back(i);
   std::stable_sort(backlog_.begin(), backlog_.end(), [this](uint32_t a, uint32_t b) {
     return map_.entry(a).size < map_.entry(b).size;
   });
@@ -62,6 +63,11 @@ void Copier::start() {
     threads_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "monarch-copy");  // for ps, gdb, and fault tests
       worker();
+    });
+  for (unsigned i = 0; opt_.peers && i < opt_.peer_threads; ++i, ++peer_threads_)
+    threads_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "monarch-peer");
+      peer_worker();
     });
 }
 
@@ -89,6 +95,8 @@ bool Copier::stop(uint64_t bound_ns) {
     std::lock_guard lock(mu_);
     paused.swap(paused_);
     urgent.swap(urgent_);
+    urgent.insert(urgent.end(), peer_.begin(), peer_.end());
+    peer_.clear();
   }
   for (Job& j : paused) abandon(j, kNone);
   for (Job& j : urgent) {
@@ -108,8 +116,7 @@ void Copier::place(uint32_t file) {
   uint32_t s = map_.entry(file).state.load();
   if (state_of(s) == kNone && set_state(file, s, make_state(kQueued, 0, coarse_now()))) {
     std::lock_guard lock(mu_);
-    urgent_.push_back(Job{.file = file, .urgent = true});
-    cv_.notify_one();
+    queue(Job{.file = file, .urgent = true});
     return;
   }
   if (state_of(s) == kQueued || state_of(s) == kCopying) {
@@ -157,6 +164,12 @@ bool Copier::data(uint32_t file, int memfd, int pfs_fd) {
   return true;
 }
 
+void Copier::queue(Job job) {
+  job.peer = opt_.peers ? opt_.peers->home(job.file) : -1;
+  (job.peer >= 0 ? peer_ : urgent_).push_back(job);
+  cv_.notify_all();  // one condition for both kinds of threads
+}
+
 void Copier::stale(uint32_t file) {
   if (file >= map_.size()) return count(s_ignored);
   for (;;) {
@@ -184,7 +197,7 @@ void Copier::drop_stale_copy(uint32_t file) {
   if (s.state != kStale || !(s.aux & kCopyToDelete) || s.tier >= opt_.tier_fds.size() ||
       !set_state(file, w, make_state(kStale, 0, s.aux & kNamesOnly)))
     return;
-  std::string name = "data/" + std::string(map_.path(file));
+  std::string name = std::string(kDataDir) + "/" + std::string(map_.path(file));
   unlinkat(opt_.tier_fds[s.tier], name.c_str(), 0);
   placement_.release(s.tier, map_.entry(file).size);
   count(s_stale);
@@ -232,7 +245,7 @@ void Copier::judge_the_pfs() {
 
 bool Copier::idle() const {
   std::lock_guard lock(mu_);
-  return urgent_.empty() && paused_.empty() && running_ == 0 && !rescan_ &&
+  return urgent_.empty() && paused_.empty() && peer_.empty() && running_ == 0 && !rescan_ &&
          (!opt_.stage_ahead || backlog_next_ >= map_.size());
 }
 
@@ -251,6 +264,50 @@ void Copier::worker() {
   std::lock_guard lock(mu_);
   exited_++;
   exited_cv_.notify_all();
+}
+
+void Copier::peer_worker() {
+  Job job;
+  while (next_peer_job(job)) {
+    run(job);
+    std::lock_guard lock(mu_);
+    running_--;
+  }
+  std::lock_guard lock(mu_);
+  exited_++;
+  exited_cv_.notify_all();
+}
+
+bool Copier::next_peer_job(Job& job) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [this] { return stopping_ || !peer_.empty(); });
+  if (stopping_) return false;
+  job = peer_.front();
+  peer_.pop_front();
+  running_++;
+  return true;
+}
+
+ssize_t Copier::read_peer(Job& job, char* buf, size_t len, Outcome& fallback) {
+  // The peer answers "pending" while its own copy from the PFS moves, and
+  // "unavailable" once it stops moving (its stall timeout): this copy's
+  // readers wait as long as the peer's copy moves, like readers of the PFS
+  // copy there. kPeerPatienceNs bounds it whatever the peer says.
+  constexpr uint64_t kPeerPatienceNs = 30'000'000'000;
+  uint64_t start = monotonic_ns();
+  CopySlot& slot = map_.header().copies[job.slot];
+  while (!stopping_) {
+    size_t n = 0;
+    PeerSource::Got got = opt_.peers->read(job.peer, job.file, job.done, buf, len, n);
+    if (got == PeerSource::Got::kBytes) {
+      count(s_peer_bytes, n);
+      return ssize_t(n);
+    }
+    if (got != PeerSource::Got::kPending || monotonic_ns() - start > kPeerPatienceNs) break;
+    slot.progress_ns.store(monotonic_ns(), std::memory_order_release);  // alive, as the peer's
+  }
+  fallback = Outcome::kFromPfs;
+  return -2;
 }
 
 bool Copier::next_job(Job& job) {
@@ -303,7 +360,8 @@ bool Copier::window_room(uint64_t size) const {
 }
 
 std::string Copier::tmp_name(uint32_t file) const {
-  return "tmp/" + std::to_string(map_.header().generation) + "-" + std::to_string(file);
+  char name[64];
+  return partial_name(map_, file, name, sizeof name) ? name : "";
 }
 
 void Copier::run(Job& job) {
@@ -314,6 +372,14 @@ void Copier::run(Job& job) {
     if (o == Outcome::kPaused) {
       std::lock_guard lock(mu_);
       paused_.push_back(job);
+      return;
+    }
+    if (o == Outcome::kFromPfs) {  // the peer cannot serve it: this node reads the PFS
+      count(s_peer_fallbacks);
+      std::lock_guard lock(mu_);
+      job.peer = -1;
+      urgent_.push_back(job);
+      cv_.notify_all();
       return;
     }
     if (!begin(job)) return;  // kRetryNextTier
@@ -356,7 +422,9 @@ bool Copier::begin(Job& job) {
     abandon(job, kFailed);
     return false;
   }
-  if (job.memfd < 0) {
+  // A peer's copy was checked against the same index by the peer: the PFS
+  // file is not opened here, which spares its metadata server N opens a file.
+  if (job.memfd < 0 && job.peer < 0) {
     uint64_t t0 = monotonic_ns();
     job.src = openat(opt_.root_fd, rel.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     count(s_pfs_opens);
@@ -417,12 +485,23 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
       n = sendfile(job.dst, job.memfd, &off, e.size - job.done);
       if (n == 0 && job.done < e.size) errno = EIO, n = -1;  // the memfd was short
     } else {
-      uint64_t t0 = monotonic_ns();
-      n = pread(job.src, buf.data(), block, off_t(job.done));
+      if (job.peer >= 0) {
+        Outcome fallback = Outcome::kDone;
+        n = read_peer(job, buf.data(), std::min<uint64_t>(block, e.size - job.done), fallback);
+        if (n == -2) {
+          abandon(job, kQueued);
+          return fallback;
+        }
+      } else {
+        uint64_t t0 = monotonic_ns();
+        n = pread(job.src, buf.data(), block, off_t(job.done));
+        if (n > 0) {
+          count(s_pfs_reads);
+          count(s_pfs_bytes, n);
+          count(s_pfs_read_ns, monotonic_ns() - t0);
+        }
+      }
       if (n > 0) {
-        count(s_pfs_reads);
-        count(s_pfs_bytes, n);
-        count(s_pfs_read_ns, monotonic_ns() - t0);
         for (ssize_t w = 0; w < n;) {
           ssize_t k = write(job.dst, buf.data() + w, n - w);
           if (k < 0 && errno == EINTR) continue;
@@ -475,8 +554,8 @@ void Copier::finish(Job& job) {
   if (job.slot < 0) return;  // abandoned in copy_blocks
   Entry& e = map_.entry(job.file);
   struct stat st;
-  if (job.done != e.size ||
-      (job.memfd < 0 && (fstat(job.src, &st) != 0 || !map_.same_version(job.file, st)))) {
+  if (job.done != e.size || (job.memfd < 0 && job.peer < 0 &&
+                             (fstat(job.src, &st) != 0 || !map_.same_version(job.file, st)))) {
     count(s_stale);
     return abandon(job, kStale);
   }
@@ -487,7 +566,7 @@ void Copier::finish(Job& job) {
   // its dirty pages are not flushed during the next epoch's local reads.
   sync_file_range(job.dst, 0, 0, SYNC_FILE_RANGE_WRITE);
   const std::string& rel = job.rel;
-  std::string tmp = tmp_name(job.file), final_name = "data/" + rel;
+  std::string tmp = tmp_name(job.file), final_name = std::string(kDataDir) + "/" + rel;
   int tier_fd = opt_.tier_fds[job.tier];
   int closed = close(job.dst), err = errno;
   job.dst = -1;
@@ -526,6 +605,8 @@ void Copier::finish(Job& job) {
   if (job.memfd >= 0) {
     count(s_handoffs);
     count(s_handoff_bytes, e.size);
+  } else if (job.peer >= 0) {
+    count(s_peer_copies);
   } else {
     count(s_copies);
     count(s_copy_bytes, e.size);
@@ -579,7 +660,7 @@ bool Copier::make_parents(int tier, std::string_view rel) {
   static std::unordered_set<std::string> made;  // "tier/dir" already created
   for (size_t slash = rel.find('/'); slash != std::string_view::npos;
        slash = rel.find('/', slash + 1)) {
-    std::string dir = "data/" + std::string(rel.substr(0, slash));
+    std::string dir = std::string(kDataDir) + "/" + std::string(rel.substr(0, slash));
     std::string key = std::to_string(tier) + "/" + dir;
     {
       std::lock_guard lock(mu);

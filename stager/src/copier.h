@@ -30,6 +30,23 @@
 
 namespace monarch {
 
+// The bytes of a file from another node of a multi-node job (issue 9;
+// jobwide.h implements it over the network).
+class PeerSource {
+ public:
+  virtual ~PeerSource() = default;
+  // The node that copies `file` from the PFS for the job, when it is another
+  // node than this one; -1 when this node does.
+  virtual int home(uint32_t file) = 0;
+  enum class Got {
+    kBytes,        // `n` bytes at `off` (0: the end of the file)
+    kPending,      // the node is still copying the file: ask again
+    kUnavailable,  // the node will not have it (no room, a failed copy): the PFS
+    kFailed,       // the node is gone; home() no longer names it
+  };
+  virtual Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, size_t& n) = 0;
+};
+
 struct CopierOptions {
   int root_fd = -1;           // the dataset root, open
   std::vector<int> tier_fds;  // job directory of each tier, open
@@ -38,6 +55,12 @@ struct CopierOptions {
   bool stage_ahead = true;
   uint64_t ahead_window = ~0ull;  // bytes of unread copies stage-ahead may have made
   bool fast_fs_check = true;      // stop copying when the PFS is as fast as a tier
+  // Multi-node jobs: files homed on other nodes are copied from them, by
+  // threads of their own (a copy waiting on a peer never holds a thread the
+  // peer's own requests to this node need), and stage-ahead copies only the
+  // files homed here. nullptr: every file comes from the PFS.
+  PeerSource* peers = nullptr;
+  unsigned peer_threads = 4;
 };
 
 class Copier {
@@ -63,6 +86,10 @@ class Copier {
   // A claim was released or expired: the backlog should look again.
   void rescan();
 
+  // Whether a copy of `file` from the PFS is worth making now (the tiers have
+  // room): a peer that asks this node for a file it homes.
+  bool copies_on() const { return !map_.header().copies_off.load(); }
+
   // Periodic: frees claims older than their life (the reader never handed
   // the bytes over) and deletes the copies of files marked stale.
   void reap();
@@ -80,15 +107,22 @@ class Copier {
     bool ahead = false;  // from the stage-ahead backlog, counted in ahead_bytes_
     int memfd = -1;      // kData: bytes from a reader
     int tier = -1, slot = -1, src = -1, dst = -1;
+    int peer = -1;  // the node the bytes come from, -1: the PFS (or memfd)
     uint32_t copying = 0;  // the state word begin() set, 0 before
     std::string rel;       // the path begin() read from the map
     uint64_t done = 0;
     uint64_t started_ns = 0;
   };
-  enum class Outcome { kDone, kPaused, kRetryNextTier };
+  enum class Outcome { kDone, kPaused, kRetryNextTier, kFromPfs };
 
   void worker();
   bool next_job(Job& job);  // false when stopping
+  void peer_worker();
+  bool next_peer_job(Job& job);  // false when stopping
+  // Reads the next block of a peer's copy into buf: bytes, 0 at the end, -1
+  // and errno; kFromPfs when the peer cannot serve it.
+  ssize_t read_peer(Job& job, char* buf, size_t len, Outcome& fallback);
+  void queue(Job job);  // REQUIRES mu_: to the peer threads or the PFS threads
   void run(Job& job);
   Outcome copy_blocks(Job& job);
   bool begin(Job& job);   // reserve a tier and a slot, open files
@@ -121,10 +155,11 @@ class Copier {
   CopierOptions opt_;
   std::atomic<uint64_t>* counters_;
   std::vector<std::thread> threads_;
+  size_t peer_threads_ = 0;  // the last ones of threads_
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> urgent_, paused_;
+  std::deque<Job> urgent_, paused_, peer_;
   std::vector<uint32_t> backlog_;  // stage-ahead order: file ids by size
   uint64_t backlog_next_ = 0;
   uint64_t ahead_bytes_ = 0;  // copies made (or under way) ahead of any reader

@@ -71,7 +71,13 @@ namespace monarch {
   X(requests, "requests received from the job's processes")                          \
   X(ignored, "requests ignored (another generation, or nothing to do)")              \
   X(preemptions, "background copies paused for a reader's request")                  \
-  X(copies_off, "1 when copying stopped: the dataset's file system is as fast as a tier")
+  X(copies_off, "1 when copying stopped: the dataset's file system is as fast as a tier") \
+  X(peer_copies, "files copied from another node of the job")                        \
+  X(peer_bytes, "bytes of those copies, received over the network")                  \
+  X(peer_fallbacks, "copies from another node that went to the PFS instead")         \
+  X(served_bytes, "bytes this node sent to the job's other nodes")                   \
+  X(peers_failed, "nodes of the job this node stopped asking (dead or unreachable)") \
+  X(index_received, "1 when the index came from another node instead of a walk")
 
 enum StagerCounter : int {
 #define MONARCH_STAGER_ENUM(name, meaning) s_##name,

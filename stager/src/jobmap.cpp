@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <cstdio>
 #include <cstring>
 
 namespace monarch {
@@ -278,6 +279,17 @@ int normalize_path(std::string_view base, std::string_view path, char* out, size
   }
   out[n] = '\0';
   return static_cast<int>(n);
+}
+
+bool copy_name(const JobMap& m, uint32_t file, char* out, size_t cap) {
+  std::string_view rel = m.path(file);
+  int n = std::snprintf(out, cap, "%s/%.*s", kDataDir, int(rel.size()), rel.data());
+  return !rel.empty() && n > 0 && size_t(n) < cap;
+}
+
+bool partial_name(const JobMap& m, uint32_t file, char* out, size_t cap) {
+  int n = std::snprintf(out, cap, "%s/%llu-%u", kTmpDir, (unsigned long long)m.generation(), file);
+  return n > 0 && size_t(n) < cap;
 }
 
 }  // namespace monarch

@@ -45,10 +45,18 @@ inline constexpr const char* kStatsName = "stats.json";
 inline constexpr const char* kLockName = "stager.lock";
 inline constexpr const char* kLogName = "stager.log";
 
+// Inside a tier's job directory: finished copies at data/<path>, copies being
+// written at tmp/<generation>-<id> (copy_name, partial_name).
+inline constexpr const char* kDataDir = "data";
+inline constexpr const char* kTmpDir = "tmp";
+
 // Environment of the processes of a job (set by monarch-run and the plugin).
 inline constexpr const char* kEnvDataset = "MONARCH_DATASET";  // the dataset root as given
 inline constexpr const char* kEnvJobDir = "MONARCH_JOB_DIR";   // job directory of tier 0
 inline constexpr const char* kEnvLog = "MONARCH_LOG";          // "1": log to stderr
+// The secret shared by the stagers of a multi-node job (the plugin makes it
+// at submission; the stager takes it out of its environment).
+inline constexpr const char* kEnvJobKey = "MONARCH_JOB_KEY";
 
 // Copy state of one file, in the low 4 bits of its state word. Bits 4-7 hold
 // the tier (kCopying, kCached), bits 8-31 the `aux` value: for kClaimed and
@@ -288,6 +296,12 @@ class JobMap {
   char root_[kPathMax] = "", real_root_[kPathMax] = "";
   char tier_dirs_[kMapTiers][kPathMax] = {};
 };
+
+// The names of file `file`'s copy relative to a tier's job directory, into
+// `out` (no allocation: the library calls them in signal handlers); false
+// when the name does not fit or the map holds no path for the file.
+bool copy_name(const JobMap& m, uint32_t file, char* out, size_t cap);
+bool partial_name(const JobMap& m, uint32_t file, char* out, size_t cap);
 
 template <typename F>
 void JobMap::for_each_inode(uint64_t dev, uint64_t ino, F f) const {

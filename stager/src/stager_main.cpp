@@ -27,11 +27,15 @@
 #include <cstring>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "config.h"
 #include "copier.h"
+#include "hostlist.h"
 #include "index.h"
+#include "index_wire.h"
+#include "jobwide.h"
 #include "protocol.h"
 #include "remove_tree.h"
 #include "stats.h"
@@ -53,6 +57,11 @@ struct Options {
   bool exit_with_parent = false;
   bool remove_if_orphaned = false;
   pid_t parent = 0;
+  // Multi-node jobs (the Slurm plugin): the job's node list as Slurm writes
+  // it, this node's name, the job's port. The job's key comes in the
+  // environment (kEnvJobKey), never on the command line, which any user sees.
+  std::string nodes, node;
+  unsigned peer_port = 0;
 };
 
 // A start-up failure: printed, sent on the ready pipe, exit status 2. Bad
@@ -101,7 +110,7 @@ int open_job_dir(const TierConfig& tier, const std::string& job) {
     throw StartError(job_dir(tier, job) + " is not private to this user (owner " +
                      std::to_string(st.st_uid) + ", mode " + std::to_string(st.st_mode & 0777) +
                      "); remove it or use another job key");
-  for (const char* sub : {"data", "tmp"})
+  for (const char* sub : {kDataDir, kTmpDir})
     if (mkdirat(fd, sub, 0700) != 0 && errno != EEXIST)
       throw StartError("cannot create " + job_dir(tier, job) + "/" + sub + ": " + errno_text(),
                        StartError::kNode);
@@ -127,6 +136,7 @@ struct Stager {
   std::atomic<uint64_t> counters[kNumStagerCounters] = {};
   MappedMap map;
   IndexStats index_stats;
+  std::unique_ptr<JobWide> jobwide;  // null: this node caches on its own
   std::unique_ptr<Copier> copier;
   std::unique_ptr<Stats> stats;
   int sock = -1;
@@ -162,7 +172,7 @@ struct Stager {
   // Keeps copies an earlier stager of this job made, if they still match.
   void adopt(JobMap& m) {
     for (int t = 0; t < int(tier_fds.size()); ++t) {
-      int data = openat(tier_fds[t], "data", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      int data = openat(tier_fds[t], kDataDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
       if (data < 0) continue;
       for (uint64_t i = 0; i < m.size(); ++i) {
         Entry& e = m.entry(i);
@@ -234,8 +244,8 @@ struct Stager {
         quota = uint64_t(vfs.f_blocks) * vfs.f_frsize;
       tiers.push_back({quota, vfs.f_frsize});
       // Temporary files of an earlier stager of this job are incomplete copies.
-      remove_tree_at(tier_fds[t], "tmp");
-      mkdirat(tier_fds[t], "tmp", 0700);
+      remove_tree_at(tier_fds[t], kTmpDir);
+      mkdirat(tier_fds[t], kTmpDir, 0700);
     }
     placement = std::make_unique<Placement>(
         tiers,
@@ -247,6 +257,8 @@ struct Stager {
           return free > keep ? free - keep : 0;
         },
         /*reserve=*/0);
+
+    start_jobwide();
 
     // The socket first: requests that come while the dataset is indexed wait in it.
     sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -264,6 +276,69 @@ struct Stager {
     if (cwd >= 0) (void)!fchdir(cwd), close(cwd);
   }
 
+  // A multi-node job's nodes as one cache, unless the configuration or
+  // something missing says otherwise (one log line why).
+  void start_jobwide() {
+    const char* key = getenv(kEnvJobKey);
+    std::string secret = key ? key : "";
+    unsetenv(kEnvJobKey);
+    if (opt.nodes.empty()) return;
+    std::vector<std::string> nodes;
+    try {
+      nodes = expand_hostlist(opt.nodes);
+    } catch (const std::invalid_argument& e) {
+      spdlog::warn("caching on this node alone: {}", e.what());
+      return;
+    }
+    if (nodes.size() < 2 || !config.job_wide) return;
+    if (opt.node.empty()) {  // Slurm's node name is the short host name on most clusters
+      char host[256] = "";
+      gethostname(host, sizeof host - 1);
+      opt.node = std::string(host).substr(0, std::string(host).find('.'));
+    }
+    auto self = std::find(nodes.begin(), nodes.end(), opt.node);
+    std::string why;
+    if (secret.size() < 16)
+      why = std::string("the job has no key (") + kEnvJobKey + ")";
+    else if (self == nodes.end())
+      why = "this node, '" + opt.node + "', is not in the job's nodes " + opt.nodes;
+    else if (opt.peer_port < 1024 || opt.peer_port > 65535)
+      why = "no port for the job's nodes (--peer-port)";
+    if (why.empty()) {
+      JobWideOptions o{.nodes = nodes,
+                       .self = int(self - nodes.begin()),
+                       .port = uint16_t(opt.peer_port),
+                       .key = secret,
+                       .timeout_ms = config.peer_timeout_ms,
+                       .index_wait_ms = std::max(1u, config.start_timeout_s) * 1000,
+                       .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000};
+      jobwide = JobWide::start(std::move(o), counters, why);
+    }
+    if (!jobwide) {
+      spdlog::warn("caching on this node alone: {}", why);
+      return;
+    }
+    spdlog::info("one cache with the job's {} nodes, port {}", nodes.size(), opt.peer_port);
+  }
+
+  // The index: from the node that walks it, in a multi-node job; walked here
+  // otherwise, or when that node does not send it.
+  MappedMap make_index(const IndexOptions& io, const std::function<void(JobMap&)>& publish) {
+    if (jobwide && !jobwide->walks()) {
+      std::string why;
+      if (std::optional<std::string> wire = jobwide->fetch_index(why)) {
+        try {
+          return build_index_from(io, *wire, index_stats, publish);
+        } catch (const std::runtime_error& e) {
+          why = e.what();
+        }
+      }
+      counters[s_index_received] = 0;
+      spdlog::warn("walking the dataset here: {}", why);
+    }
+    return build_index(io, index_stats, publish);
+  }
+
   // The index, then the copier and the statistics: after start() has said
   // "ready", while the job already runs (its reads go to the PFS until the map
   // is published). A failure here leaves the job on the PFS.
@@ -277,7 +352,7 @@ struct Stager {
                     .generation = random64(),
                     .index_rate = config.index_rate};
     try {
-      map = build_index(io, index_stats, [this](JobMap& m) {
+      map = make_index(io, [this](JobMap& m) {
         adopt(m);
         // Alive from the moment readers can see the map: a reader that opens
         // a file then may wait for its copy.
@@ -310,7 +385,8 @@ struct Stager {
                 ? config.stage_ahead_window
                 : std::max(kMinAheadWindow, uint64_t(double(map.map().header().dataset_bytes) *
                                                      config.stage_ahead_window_percent / 100)),
-        .fast_fs_check = !config.copy_fast_dataset};
+        .fast_fs_check = !config.copy_fast_dataset,
+        .peers = jobwide.get()};
     for (const TierConfig& t : config.tiers) co.block_sizes.push_back(t.block_size);
     copier = std::make_unique<Copier>(map.map(), *placement, co, counters);
 
@@ -456,6 +532,7 @@ struct Stager {
       return 1;
     }
     if (opt.ready_fd >= 0) close(opt.ready_fd);
+    if (jobwide) jobwide->serving(map.map(), *copier, tier_fds);  // homes need the map
     copier->start();
     std::thread receiver([this] { receive(); });
     std::thread ticker([this] { tick(); });
@@ -480,6 +557,7 @@ struct Stager {
     (void)!write(stop_fd, &one, sizeof one);
     receiver.join();
     ticker.join();
+    if (jobwide) jobwide->stop();  // the job's other nodes read the PFS from now on
     bool joined = copier->stop(uint64_t(config.stop_timeout_s) * 500'000'000);
     stats->tick(monotonic_ns());  // the last epoch's end, if the job ended right on it
     write_stats(true);
@@ -512,7 +590,10 @@ Options parse_args(int argc, char** argv) {
       "ready-fd", po::value(&o.ready_fd), "descriptor that gets 'ready' or 'error: ...'")(
       "exit-with-parent", po::bool_switch(&o.exit_with_parent), "stop when the parent exits")(
       "remove-if-orphaned", po::bool_switch(&o.remove_if_orphaned),
-      "remove the job's directories at exit if the parent is gone (monarch-run killed)");
+      "remove the job's directories at exit if the parent is gone (monarch-run killed)")(
+      "nodes", po::value(&o.nodes), "a multi-node job's nodes, as SLURM_JOB_NODELIST")(
+      "node", po::value(&o.node), "this node's name in --nodes (default: the short host name)")(
+      "peer-port", po::value(&o.peer_port), "the port the job's stagers listen on");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {

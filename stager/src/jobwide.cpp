@@ -1,0 +1,292 @@
+#include "jobwide.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace monarch {
+namespace {
+
+constexpr uint32_t kRequestMagic = 0x574a4e4d;  // "MNJW"
+enum Type : uint32_t { kIndex = 1, kFetch = 2 };
+// The last byte of every answer.
+enum Answer : char {
+  kBytes = 'B',        // the bytes asked for (or the index) precede it
+  kPending = 'P',      // the copy is under way: ask again
+  kUnavailable = 'U',  // this node will not have the file: read the PFS
+};
+// A server waits this long for a copy to reach the bytes asked for before it
+// answers kPending: long enough to spare round trips, far within the timeout.
+constexpr uint64_t kLongPollNs = 50'000'000;
+constexpr unsigned kServers = 4;  // requests served at once (each may wait on a copy)
+
+uint64_t now_ns() {
+  return monotonic_ns();
+}
+
+}  // namespace
+
+// One request: the file named by its id in the job's one index, and its
+// version, so that a node never serves another version's bytes.
+struct JobWide::Request {
+  uint32_t magic = kRequestMagic;
+  uint32_t type = 0;
+  uint32_t file = 0;
+  uint32_t pad = 0;
+  uint64_t off = 0, len = 0, size = 0, ino = 0;
+  int64_t mtime_ns = 0;
+};
+
+JobWide::JobWide(JobWideOptions options, std::atomic<uint64_t>* counters)
+    : opt_(std::move(options)),
+      homes_([&] {
+        std::vector<Homes::Node> nodes;
+        for (const std::string& n : opt_.nodes) nodes.push_back({n, 1.0});
+        return nodes;
+      }()),
+      counters_(counters) {}
+
+std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
+                                        std::atomic<uint64_t>* stager_counters,
+                                        std::string& error) {
+  if (options.self < 0 || size_t(options.self) >= options.nodes.size()) {
+    error = "this node is not in the job's node list";
+    return nullptr;
+  }
+  std::unique_ptr<JobWide> jw;
+  try {
+    jw.reset(new JobWide(std::move(options), stager_counters));
+  } catch (const std::invalid_argument& e) {
+    error = e.what();
+    return nullptr;
+  }
+  JobWide* self = jw.get();
+  jw->net_ = peers::Peers::start(
+      "0.0.0.0", jw->opt_.port, jw->opt_.key,
+      [self](std::vector<char> request, peers::Reply reply) {
+        self->handle(std::move(request), std::move(reply));
+      },
+      error);
+  if (!jw->net_) return nullptr;
+  for (unsigned i = 0; i < kServers; ++i) jw->workers_.emplace_back([self] { self->worker(); });
+  return jw;
+}
+
+JobWide::~JobWide() {
+  stop();
+}
+
+void JobWide::stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+  net_.reset();  // unanswered requests are answered with an error
+  std::lock_guard lock(mu_);
+  queue_.clear();
+  map_ = nullptr;
+  copier_ = nullptr;
+}
+
+void JobWide::serving(JobMap& map, Copier& copier, std::vector<int> tier_fds) {
+  std::lock_guard lock(mu_);
+  map_ = &map;
+  copier_ = &copier;
+  tier_fds_ = std::move(tier_fds);
+  if (walks()) wire_ = index_wire(map);
+  cv_.notify_all();
+}
+
+// On UCX's progress thread: queued for the servers, never served here.
+void JobWide::handle(std::vector<char> request, peers::Reply reply) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;  // the reply, dropped, says so
+  queue_.emplace_back(std::move(request), std::move(reply));
+  cv_.notify_all();
+}
+
+void JobWide::worker() {
+  for (;;) {
+    std::pair<std::vector<char>, peers::Reply> item;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Request r;
+    if (item.first.size() != sizeof r) {
+      item.second.fail("a request of " + std::to_string(item.first.size()) + " bytes");
+      continue;
+    }
+    std::memcpy(&r, item.first.data(), sizeof r);
+    if (r.magic != kRequestMagic) {
+      item.second.fail("not a Monarch request");
+      continue;
+    }
+    serve(r, item.second);
+  }
+}
+
+void JobWide::serve(const Request& r, peers::Reply& reply) {
+  uint64_t deadline = now_ns() + (r.type == kIndex ? uint64_t(opt_.index_wait_ms) * 1'000'000
+                                                   : kLongPollNs);
+  std::unique_lock lock(mu_);
+  // Requests that come before this node's map wait for it (the index, a file).
+  while (!map_ && !stopping_ && now_ns() < deadline)
+    cv_.wait_for(lock, std::chrono::milliseconds(20));
+  if (!map_ || stopping_) return reply.send({kPending});
+  if (r.type == kIndex) {
+    std::vector<char> out(wire_.begin(), wire_.end());
+    if (wire_.empty()) return reply.send({kUnavailable});  // not the walking node
+    out.push_back(kBytes);
+    return reply.send(std::move(out));
+  }
+  JobMap& m = *map_;
+  Copier& copier = *copier_;
+  std::vector<int> tier_fds = tier_fds_;
+  lock.unlock();
+  if (r.type != kFetch || r.file >= m.size()) return reply.fail("no such request or file");
+  const Entry& e = m.entry(r.file);
+  if (e.size != r.size || e.ino != r.ino || e.mtime_ns != r.mtime_ns)
+    return reply.send({kUnavailable});  // another version: never its bytes
+  uint64_t end = std::min(r.off + r.len, e.size), want = end > r.off ? end - r.off : 0;
+  bool placed = false;
+  for (;;) {
+    State s = m.state(r.file);
+    char name[2 * kPathMax + 64];
+    bool named = false;
+    CopySlot* slot = nullptr;
+    if (s.state == kCached && s.tier < tier_fds.size()) {
+      named = copy_name(m, r.file, name, sizeof name);
+    } else if (s.state == kCopying && s.tier < tier_fds.size()) {
+      slot = m.copy_slot(s.aux);
+      if (slot && slot->file.load() == r.file + 1) {
+        if (slot->progress.load() >= end) named = partial_name(m, r.file, name, sizeof name);
+        else if (now_ns() - slot->progress_ns.load() > opt_.stall_ns)
+          return reply.send({kUnavailable});  // the copy here is stuck: the PFS
+      }
+    } else if (s.state == kNone) {
+      if (!copier.copies_on()) return reply.send({kUnavailable});
+      if (!placed) copier.place(r.file), placed = true;
+    } else if (s.state != kQueued && s.state != kClaimed) {
+      return reply.send({kUnavailable});  // no room, failed, stale
+    }
+    if (named) {
+      int fd = openat(tier_fds[s.tier], name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      std::vector<char> out(want + 1);
+      ssize_t n = fd >= 0 ? pread(fd, out.data(), want, off_t(r.off)) : -1;
+      if (fd >= 0) close(fd);
+      // A partial copy must still be this file's, that far, after the read.
+      bool good = n == ssize_t(want) &&
+                  (!slot || (slot->file.load() == r.file + 1 && slot->progress.load() >= end) ||
+                   m.state(r.file).state == kCached);
+      if (good) {
+        out[want] = kBytes;
+        counters_[s_served_bytes].fetch_add(want, std::memory_order_relaxed);
+        return reply.send(std::move(out));
+      }
+      // Published or reused meanwhile: look again.
+    }
+    if (now_ns() > deadline) return reply.send({kPending});
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+std::optional<std::string> JobWide::fetch_index(std::string& why) {
+  Request r{.type = kIndex};
+  std::vector<char> reply;
+  uint64_t deadline = now_ns() + uint64_t(opt_.index_wait_ms) * 1'000'000;
+  const std::string& walker = opt_.nodes[0];
+  for (;;) {
+    uint64_t left_ms = deadline > now_ns() ? (deadline - now_ns()) / 1'000'000 : 0;
+    peers::Status st = net_->call(walker, opt_.port,
+                                  std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply,
+                                  int(std::max<uint64_t>(left_ms, 1)));
+    if (st.ok() && !reply.empty() && reply.back() == kBytes) {
+      reply.pop_back();
+      counters_[s_index_received] = 1;
+      return std::string(reply.begin(), reply.end());
+    }
+    if (st.ok() && !reply.empty() && reply.back() == kUnavailable) {
+      why = walker + " has no index to send";
+      return std::nullopt;
+    }
+    if (st.code == peers::Code::refused) {
+      why = walker + " refused this job's key";
+      return std::nullopt;
+    }
+    // Not listening yet (its stager starts with its first step there), or
+    // still walking: asked again until the wait is over.
+    if (now_ns() >= deadline) {
+      why = walker + " sent no index within " + std::to_string(opt_.index_wait_ms) + " ms (" +
+            (st.ok() ? std::string("still walking") : st.text) + ")";
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+int JobWide::home(uint32_t file) {
+  JobMap* m;
+  {
+    std::lock_guard lock(mu_);
+    m = map_;
+  }
+  if (!m || file >= m->size()) return -1;
+  int h = homes_.home(m->path(file), failed_.load(std::memory_order_relaxed));
+  return h == opt_.self || h < 0 ? -1 : h;
+}
+
+void JobWide::fail(int node, const peers::Status& why) {
+  uint64_t bit = node < 64 ? 1ull << node : 0;
+  if (!bit || (failed_.fetch_or(bit) & bit)) return;
+  counters_[s_peers_failed].fetch_add(1);
+  spdlog::warn("node {} of the job failed ({}: {}): its files come from the PFS or other nodes",
+               opt_.nodes[node], peers::to_string(why.code), why.text);
+}
+
+PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, size_t len,
+                              size_t& n) {
+  n = 0;
+  if (node < 0 || size_t(node) >= opt_.nodes.size() ||
+      (node < 64 && (failed_.load() >> node & 1)))
+    return Got::kFailed;
+  JobMap* m;
+  {
+    std::lock_guard lock(mu_);
+    m = map_;
+  }
+  if (!m || file >= m->size()) return Got::kUnavailable;
+  const Entry& e = m->entry(file);
+  Request r{.type = kFetch, .file = file, .off = off, .len = len, .size = e.size, .ino = e.ino,
+            .mtime_ns = e.mtime_ns};
+  thread_local std::vector<char> reply;
+  peers::Status st =
+      net_->call(opt_.nodes[node], opt_.port,
+                 std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply, int(opt_.timeout_ms));
+  if (!st.ok()) {
+    if (st.code == peers::Code::error) return Got::kUnavailable;  // that request, not the node
+    fail(node, st);
+    return Got::kFailed;
+  }
+  if (reply.empty()) return Got::kUnavailable;
+  char answer = reply.back();
+  if (answer == kPending) return Got::kPending;
+  if (answer != kBytes || reply.size() - 1 > len) return Got::kUnavailable;
+  n = reply.size() - 1;
+  std::memcpy(buf, reply.data(), n);
+  return Got::kBytes;
+}
+
+}  // namespace monarch

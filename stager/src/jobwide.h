@@ -1,0 +1,99 @@
+// Job-wide caching (issue 9): the stagers of a multi-node job as one cache.
+//
+// - One index per job: the first node of the job's node list walks the
+//   dataset; every other node asks it for the index (index_wire.h) and walks
+//   only when it does not answer in time (one log line).
+// - Homes (home.h): every file has one home node, which copies it from the
+//   PFS and stages it ahead; another node that needs it copies it from the
+//   home's tier (Copier's peer threads) into its own, tiers filled top-down
+//   as ever: the node's hot set becomes local, and each file leaves the PFS
+//   once per job.
+// - Serving: a node asked for a file serves it from its copy (finished, or
+//   the part written so far), and copies it from the PFS first when it has
+//   none, whether or not it is the file's home in its own view: views of
+//   failed nodes may differ between nodes, answers never do.
+// - Faults: a peer that does not answer within the peer timeout, refuses the
+//   job's key, or cannot be reached is failed for the rest of the job: its
+//   files are re-homed (the next node by rendezvous score, this one included)
+//   and nothing waits on it again. A file the peer cannot serve is read from
+//   the PFS. Bytes come only from a peer that knows the job's secret key.
+//
+// Only the stager links this (UCX; see peers.h).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "copier.h"
+#include "home.h"
+#include "index_wire.h"
+#include "jobmap.h"
+#include "peers.h"
+
+namespace monarch {
+
+struct JobWideOptions {
+  std::vector<std::string> nodes;  // the job's nodes, in Slurm's order
+  int self = 0;                    // this node's place in `nodes`
+  uint16_t port = 0;               // every stager of the job listens on it
+  std::string key;                 // the job's secret
+  unsigned timeout_ms = 1000;      // a peer silent this long is failed
+  unsigned index_wait_ms = 30000;  // how long a node waits for the index before walking
+  uint64_t stall_ns = 200'000'000;
+};
+
+class JobWide : public PeerSource {
+ public:
+  // Listens on the job's port. Null with `error` when it cannot (the port is
+  // taken, UCX cannot start): the node then caches on its own.
+  static std::unique_ptr<JobWide> start(JobWideOptions options,
+                                        std::atomic<uint64_t>* stager_counters,
+                                        std::string& error);
+  ~JobWide() override;
+
+  bool walks() const { return opt_.self == 0; }
+  // The index from the walking node, in wire form; nullopt (and why) when it
+  // did not answer within index_wait_ms.
+  std::optional<std::string> fetch_index(std::string& why);
+  // The map is published here: serving starts (the index, when this node
+  // walked it; files). Before that, requests wait.
+  void serving(JobMap& map, Copier& copier, std::vector<int> tier_fds);
+  // Before the map, its copier or the tier descriptors go away.
+  void stop();
+
+  int home(uint32_t file) override;
+  Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, size_t& n) override;
+
+ private:
+  struct Request;
+  JobWide(JobWideOptions options, std::atomic<uint64_t>* counters);
+  void handle(std::vector<char> request, peers::Reply reply);
+  void worker();
+  void serve(const Request& r, peers::Reply& reply);
+  void fail(int node, const peers::Status& why);
+
+  JobWideOptions opt_;
+  Homes homes_;
+  std::atomic<uint64_t>* counters_;
+  std::unique_ptr<peers::Peers> net_;
+  std::atomic<uint64_t> failed_{0};  // a bit per node (the first 64)
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::vector<char>, peers::Reply>> queue_;
+  bool stopping_ = false;
+  JobMap* map_ = nullptr;  // set by serving()
+  Copier* copier_ = nullptr;
+  std::vector<int> tier_fds_;
+  std::string wire_;  // the index, when this node walked it
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace monarch
