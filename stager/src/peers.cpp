@@ -22,11 +22,16 @@ namespace monarch::peers {
 
 const char* to_string(Code code) {
   switch (code) {
-    case Code::ok: return "ok";
-    case Code::timeout: return "timeout";
-    case Code::unreachable: return "unreachable";
-    case Code::refused: return "refused";
-    case Code::error: return "error";
+    case Code::ok:
+      return "ok";
+    case Code::timeout:
+      return "timeout";
+    case Code::unreachable:
+      return "unreachable";
+    case Code::refused:
+      return "refused";
+    case Code::error:
+      return "error";
   }
   return "?";
 }
@@ -63,7 +68,9 @@ bool same_key(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-std::string ucx_text(ucs_status_t status) { return ucs_status_string(status); }
+std::string ucx_text(ucs_status_t status) {
+  return ucs_status_string(status);
+}
 
 struct Address {
   sockaddr_storage addr{};
@@ -200,15 +207,17 @@ namespace {
 struct SendContext {
   Engine* engine;
   std::string header;
-  std::vector<char> payload;     // an answer's bytes
-  std::shared_ptr<Call> call;    // a request's (its bytes, and whom to tell of a failure)
+  std::vector<char> payload;   // an answer's bytes
+  std::shared_ptr<Call> call;  // a request's (its bytes, and whom to tell of a failure)
 };
+
+// A request that cannot be sent fails its call and its connection (the next
+// call connects again), whether or not UCX also reports the endpoint broken.
+void request_failed(SendContext* ctx, ucs_status_t status);
 
 void on_sent(void* request, ucs_status_t status, void* user_data) {
   auto* ctx = static_cast<SendContext*>(user_data);
-  if (status != UCS_OK && ctx->call)
-    ctx->call->finish(Code::unreachable,
-                      "sending to " + ctx->call->peer + " failed: " + ucx_text(status));
+  if (status != UCS_OK && ctx->call) request_failed(ctx, status);
   delete ctx;
   ucp_request_free(request);
 }
@@ -226,17 +235,15 @@ void send_am(ucp_ep_h ep, unsigned id, const void* payload, size_t size, uint32_
       ucp_am_send_nbx(ep, id, ctx->header.data(), ctx->header.size(), payload, size, &param);
   if (UCS_PTR_IS_PTR(request)) return;
   ucs_status_t status = UCS_PTR_STATUS(request);
-  if (status != UCS_OK && ctx->call)
-    ctx->call->finish(Code::unreachable,
-                      "sending to " + ctx->call->peer + " failed: " + ucx_text(status));
+  if (status != UCS_OK && ctx->call) request_failed(ctx, status);
   delete ctx;
 }
 
 // A rendezvous receive in flight: the buffer it fills and what to do after.
 struct ReceiveContext {
   Engine* engine;
-  std::shared_ptr<Call> call;        // an answer's: received into call->reply
-  std::vector<char> request;         // a request's
+  std::shared_ptr<Call> call;  // an answer's: received into call->reply
+  std::vector<char> request;   // a request's
   uint64_t conn = 0, call_id = 0;
 };
 
@@ -266,6 +273,13 @@ void receive_rndv(Engine* engine, void* desc, void* buffer, size_t length, Recei
   on_received(nullptr, UCS_PTR_STATUS(request), length, ctx);
 }
 
+void request_failed(SendContext* ctx, ucs_status_t status) {
+  std::string why = "sending to " + ctx->call->peer + " failed: " + ucx_text(status);
+  ctx->call->finish(Code::unreachable, why);
+  Engine* engine = ctx->engine;
+  engine->later.push_back([engine, conn = ctx->call->conn, why] { engine->fail_conn(conn, why); });
+}
+
 }  // namespace
 
 bool Engine::init(const std::string& bind_address, uint16_t want_port, std::string& error) {
@@ -281,7 +295,18 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
   }
   // Peers are other nodes: shared memory is never their path, and fails
   // between the namespaces of nodes emulated on one machine.
-  if (getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", "^sm");
+  // A stager restarted on its port must get it back while the connections of
+  // the one before linger in TIME_WAIT (SO_REUSEADDR on the listener; Linux
+  // still refuses a second listener on a port in use).
+  for (auto [name, value] : {std::pair{"TLS", "^sm"}, {"CM_REUSEADDR", "y"}}) {
+    if (getenv(("UCX_" + std::string(name)).c_str()) != nullptr) continue;
+    status = ucp_config_modify(config, name, value);
+    if (status != UCS_OK) {
+      ucp_config_release(config);
+      error = std::string("UCX configuration ") + name + "=" + value + ": " + ucx_text(status);
+      return false;
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -299,7 +324,8 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
     error = "UCX worker: " + ucx_text(status);
     return false;
   }
-  for (auto [id, cb] : {std::pair{kRequestAm, &Engine::on_request}, {kAnswerAm, &Engine::on_answer}}) {
+  for (auto [id, cb] :
+       {std::pair{kRequestAm, &Engine::on_request}, {kAnswerAm, &Engine::on_answer}}) {
     ucp_am_handler_param_t am{};
     am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                     UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -309,8 +335,8 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
     am.flags = UCP_AM_FLAG_WHOLE_MSG;
     status = ucp_worker_set_am_recv_handler(worker, &am);
     if (status != UCS_OK) {
-        error = "UCX active message handler: " + ucx_text(status);
-        return false;
+      error = "UCX active message handler: " + ucx_text(status);
+      return false;
     }
   }
 
@@ -324,8 +350,8 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
   listen.conn_handler.arg = this;
   status = ucp_listener_create(worker, &listen, &listener);
   if (status != UCS_OK) {
-    error = "listening on " + bind_address + ":" + std::to_string(want_port) + ": " +
-            ucx_text(status);
+    error =
+        "listening on " + bind_address + ":" + std::to_string(want_port) + ": " + ucx_text(status);
     return false;
   }
   ucp_listener_attr_t attr{};
@@ -622,8 +648,7 @@ ucs_status_t Engine::on_answer(void* arg, const void* header, size_t header_leng
     return UCS_OK;
   }
   std::string text = rndv ? std::string("(long error text)") : std::string(bytes, length);
-  call->finish(h.answer == kAnswerRefused ? Code::refused : Code::error,
-               call->peer + ": " + text);
+  call->finish(h.answer == kAnswerRefused ? Code::refused : Code::error, call->peer + ": " + text);
   return UCS_OK;
 }
 
@@ -641,7 +666,9 @@ void Engine::dispatch(uint64_t conn, uint64_t call, std::vector<char> request) {
   }
 }
 
-Reply::Reply(Reply&& other) noexcept { *this = std::move(other); }
+Reply::Reply(Reply&& other) noexcept {
+  *this = std::move(other);
+}
 
 Reply& Reply::operator=(Reply&& other) noexcept {
   if (this != &other) {
@@ -659,9 +686,13 @@ Reply::~Reply() {
   if (armed_) fail("dropped without a reply");
 }
 
-void Reply::send(std::vector<char> bytes) { answer(true, std::move(bytes)); }
+void Reply::send(std::vector<char> bytes) {
+  answer(true, std::move(bytes));
+}
 
-void Reply::fail(std::string text) { answer(false, std::vector<char>(text.begin(), text.end())); }
+void Reply::fail(std::string text) {
+  answer(false, std::vector<char>(text.begin(), text.end()));
+}
 
 void Reply::answer(bool ok, std::vector<char> bytes) {
   if (!armed_) return;
@@ -700,7 +731,9 @@ Peers::~Peers() {
   engine_->shutdown();
 }
 
-uint16_t Peers::port() const { return engine_->port; }
+uint16_t Peers::port() const {
+  return engine_->port;
+}
 
 Status Peers::call(const std::string& host, uint16_t port, std::string_view request,
                    std::vector<char>& reply, int timeout_ms) {
@@ -729,8 +762,8 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
   std::unique_lock lock(call->m);
   if (!call->cv.wait_until(lock, call->deadline, [&] { return call->done; })) {
     call->done = true;
-    call->status = {Code::timeout, "no answer from " + call->peer + " in " +
-                                       std::to_string(timeout_ms) + " ms"};
+    call->status = {Code::timeout,
+                    "no answer from " + call->peer + " in " + std::to_string(timeout_ms) + " ms"};
   }
   if (call->status.ok()) reply = std::move(call->reply);
   return call->status;

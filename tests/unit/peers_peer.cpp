@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
     if (request.empty()) return reply.send({});
     std::string rest(request.begin() + 1, request.end());
     switch (request[0]) {
-      case 'e': return reply.send({request.begin() + 1, request.end()});
+      case 'e':
+        return reply.send({request.begin() + 1, request.end()});
       case 'n': {
         std::vector<char> bytes(std::stoull(rest));
         for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + 3);
@@ -39,8 +40,10 @@ int main(int argc, char** argv) {
           reply.send({'s', 'l', 'e', 'p', 't'});
         }).detach();
         return;
-      case 'd': return;
-      case 'x': throw std::runtime_error("handler failed");
+      case 'd':
+        return;
+      case 'x':
+        throw std::runtime_error("handler failed");
     }
     reply.fail("unknown request");
   };

@@ -83,9 +83,9 @@ struct PeersTest : ::testing::Test {
   }
   static std::unique_ptr<Peers> start_client(const std::string& key) {
     std::string error;
-    auto peers = Peers::start("127.0.0.1", 0, key,
-                              [](std::vector<char>, Reply reply) { reply.fail("client only"); },
-                              error);
+    auto peers = Peers::start(
+        "127.0.0.1", 0, key, [](std::vector<char>, Reply reply) { reply.fail("client only"); },
+        error);
     EXPECT_TRUE(peers) << error;
     return peers;
   }
@@ -265,6 +265,29 @@ TEST_F(PeersTest, ReconnectsToAPeerRestartedOnTheSamePort) {
   ASSERT_TRUE(status.ok()) << status.text;
   EXPECT_EQ(std::string(reply.begin(), reply.end()), "two");
   second.stop();
+}
+
+// What a stager gets without UCX_TLS: UCX's own choice less shared memory.
+// Fails if that setting is not valid UCX configuration or leaves no
+// transport. (That it is TCP here, between two Peers of one process, which
+// UCX would otherwise join through shared memory: UCX_LOG_LEVEL=info shows
+// "ep_cfg[..]: am(tcp/lo)".) Devices stay on the loopback.
+TEST(PeersDefaults, TransportsNeedNoSharedMemory) {
+  std::string tls = getenv("UCX_TLS");
+  unsetenv("UCX_TLS");
+  std::string error;
+  auto server = Peers::start(
+      "127.0.0.1", 0, kKey, [](std::vector<char> request, Reply reply) { reply.send(request); },
+      error);
+  auto client = Peers::start(
+      "127.0.0.1", 0, kKey, [](std::vector<char>, Reply reply) {}, error);
+  setenv("UCX_TLS", tls.c_str(), 1);
+  ASSERT_TRUE(server && client) << error;
+  std::string payload = pattern(1 << 20, 5);
+  std::vector<char> reply;
+  Status status = client->call("127.0.0.1", server->port(), payload, reply, 5000);
+  ASSERT_TRUE(status.ok()) << status.text;
+  EXPECT_TRUE(std::equal(reply.begin(), reply.end(), payload.begin(), payload.end()));
 }
 
 TEST_F(PeersTest, NobodyListeningIsUnreachableAtOnce) {
