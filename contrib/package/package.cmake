@@ -79,6 +79,8 @@ set(CPACK_RPM_NODE_PACKAGE_NAME monarch)
 set(CPACK_RPM_SLURM_PACKAGE_NAME monarch-slurm-plugin)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_RPM_FILE_NAME RPM-DEFAULT)
+# Depends from the shared libraries the binaries link (dpkg-shlibdeps; RPM
+# finds them itself): libucx0 comes with the stager's use of UCX (peers.h).
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_SECTION admin)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)

@@ -390,7 +390,8 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
 }
 
 // The progress loop: our queue, then UCX until idle, then sleep on both
-// descriptors. Wakes at least every 20 ms to expire calls.
+// descriptors. Wakes every 20 ms while calls wait (to forget those past
+// their deadline; their callers never wait on this thread), else every 200 ms.
 void Engine::run() {
   for (;;) {
     std::deque<std::function<void()>> work;
@@ -415,7 +416,7 @@ void Engine::run() {
     if (!work.empty()) continue;
     if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
     epoll_event events[2];
-    epoll_wait(epoll_fd, events, 2, 20);
+    epoll_wait(epoll_fd, events, 2, calls.empty() && closing.empty() ? 200 : 20);
     uint64_t count;
     (void)!read(wake_fd, &count, sizeof count);
   }
@@ -430,7 +431,7 @@ void Engine::shutdown() {
   for (auto& [id, conn] : conns) close_ep(conn.ep, true);
   conns.clear();
   auto give_up = Clock::now() + std::chrono::seconds(1);
-  while (Clock::now() < give_up) {
+  while (worker && Clock::now() < give_up) {
     ucp_worker_progress(worker);
     for (size_t i = 0; i < closing.size();) {
       if (ucp_request_check_status(closing[i]) == UCS_INPROGRESS) {
@@ -504,6 +505,10 @@ void Engine::fail_conn(uint64_t id, const std::string& why) {
 }
 
 void Engine::start_call(const std::shared_ptr<Call>& call) {
+  {
+    std::lock_guard lock(call->m);
+    if (call->done) return;  // its caller gave up while it waited in the queue
+  }
   uint64_t conn_id;
   if (auto it = called.find(call->peer); it != called.end()) {
     conn_id = it->second;

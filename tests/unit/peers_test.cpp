@@ -1,0 +1,305 @@
+// The peer transport over real UCX (TCP on the loopback), against a peer in
+// another process (peers_peer.cpp) that the tests kill, stop and restart.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "peers.h"
+
+extern char** environ;
+
+namespace monarch::peers {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+const std::string kKey = "job-1234-secret";
+
+long ms_since(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+}
+
+// TCP only, on the loopback: the path a cluster's network takes, not shared
+// memory. Set before UCX reads its environment, here and in the peers.
+const bool tcp_only = [] {
+  setenv("UCX_TLS", "tcp", 1);
+  setenv("UCX_NET_DEVICES", "lo", 1);
+  return true;
+}();
+
+// The peer process: started with a port (0: any), knows its port.
+struct Peer {
+  pid_t pid = -1;
+  uint16_t port = 0;
+
+  static Peer start(uint16_t port) {
+    Peer peer;
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return peer;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    std::string port_arg = std::to_string(port);
+    char* argv[] = {const_cast<char*>(MONARCH_PEERS_PEER), port_arg.data(),
+                    const_cast<char*>(kKey.c_str()), nullptr};
+    if (posix_spawn(&peer.pid, MONARCH_PEERS_PEER, &actions, nullptr, argv, environ) != 0)
+      peer.pid = -1;
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    pollfd p{out[0], POLLIN, 0};
+    char line[64] = {};
+    if (peer.pid > 0 && poll(&p, 1, 5000) == 1 && read(out[0], line, sizeof line - 1) > 0)
+      sscanf(line, "port %hu", &peer.port);
+    close(out[0]);
+    return peer;
+  }
+  void signal(int sig) const { kill(pid, sig); }
+  void stop() {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+};
+
+struct PeersTest : ::testing::Test {
+  static void SetUpTestSuite() { shared = Peer::start(0); }
+  static void TearDownTestSuite() { shared.stop(); }
+  void SetUp() override {
+    ASSERT_NE(shared.port, 0) << "the peer process did not start";
+    client = start_client(kKey);
+    ASSERT_TRUE(client);
+  }
+  static std::unique_ptr<Peers> start_client(const std::string& key) {
+    std::string error;
+    auto peers = Peers::start(
+        "127.0.0.1", 0, key, [](std::vector<char>, Reply reply) { reply.fail("client only"); },
+        error);
+    EXPECT_TRUE(peers) << error;
+    return peers;
+  }
+  Status call(uint16_t port, const std::string& request, std::vector<char>& reply,
+              int timeout_ms = 5000) {
+    return client->call("127.0.0.1", port, request, reply, timeout_ms);
+  }
+  static Peer shared;
+  std::unique_ptr<Peers> client;
+};
+Peer PeersTest::shared;
+
+std::string pattern(size_t n, unsigned seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + seed) >> 3);
+  return s;
+}
+
+TEST_F(PeersTest, RoundTripsKeepEveryByteWhateverTheSize) {
+  std::vector<char> reply;
+  ASSERT_TRUE(call(shared.port, "", reply).ok());
+  EXPECT_TRUE(reply.empty());
+  for (size_t size : {size_t{0}, size_t{1}, size_t{64} << 10, size_t{8} << 20, size_t{32} << 20}) {
+    std::string payload = pattern(size, size);
+    Status status = call(shared.port, "e" + payload, reply);
+    ASSERT_TRUE(status.ok()) << size << ": " << status.text;
+    ASSERT_EQ(reply.size(), size);
+    EXPECT_TRUE(std::equal(reply.begin(), reply.end(), payload.begin())) << size;
+  }
+}
+
+// The file-read case: a short request, a long answer, received into the
+// caller's reused buffer. Prints the throughput.
+TEST_F(PeersTest, LongAnswersArriveWholeAndFast) {
+  const size_t size = 32 << 20;
+  const int rounds = 8;
+  std::vector<char> reply;
+  ASSERT_TRUE(call(shared.port, "n" + std::to_string(size), reply).ok());  // connected, warm
+  auto t0 = Clock::now();
+  for (int i = 0; i < rounds; ++i) {
+    Status status = call(shared.port, "n" + std::to_string(size), reply);
+    ASSERT_TRUE(status.ok()) << status.text;
+    ASSERT_EQ(reply.size(), size);
+  }
+  double seconds = ms_since(t0) / 1000.0;
+  for (size_t i = 0; i < size; ++i)
+    ASSERT_EQ(reply[i], static_cast<char>(i * 7 + 3)) << "byte " << i;
+  printf("[ throughput ] %d x 32 MiB answers: %.0f MB/s\n", rounds,
+         rounds * size / 1e6 / std::max(seconds, 1e-3));
+}
+
+TEST_F(PeersTest, EightThreadsCallAtOnce) {
+  std::vector<std::thread> threads;
+  std::atomic<int> good{0};
+  for (unsigned t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<char> reply;
+      for (unsigned i = 0; i < 40; ++i) {
+        std::string payload = pattern((t * 40 + i) * 997 % (300 << 10), t * 100 + i);
+        Status status = call(shared.port, "e" + payload, reply);
+        if (status.ok() && reply.size() == payload.size() &&
+            std::equal(reply.begin(), reply.end(), payload.begin()))
+          ++good;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good, 8 * 40);
+}
+
+TEST_F(PeersTest, AnotherKeyIsRefused) {
+  auto stranger = start_client("another-job");
+  std::vector<char> reply;
+  Status status = stranger->call("127.0.0.1", shared.port, "e1", reply, 5000);
+  EXPECT_EQ(status.code, Code::refused) << status.text;
+  EXPECT_TRUE(reply.empty());
+  status = stranger->call("127.0.0.1", shared.port, "e2", reply, 5000);
+  EXPECT_NE(status.code, Code::ok) << "a stranger must never be answered";
+  auto empty_key = start_client("");
+  EXPECT_EQ(empty_key->call("127.0.0.1", shared.port, "e3", reply, 5000).code, Code::refused);
+  // The job's own stagers are still served.
+  ASSERT_TRUE(call(shared.port, "eok", reply).ok());
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "ok");
+}
+
+TEST_F(PeersTest, HandlersAnswerLaterFromAnotherThreadOrFailCleanly) {
+  std::vector<char> reply;
+  auto t0 = Clock::now();
+  Status status = call(shared.port, "s150", reply);
+  ASSERT_TRUE(status.ok()) << status.text;
+  EXPECT_GE(ms_since(t0), 150);
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "slept");
+
+  status = call(shared.port, "d", reply);
+  EXPECT_EQ(status.code, Code::error);
+  EXPECT_NE(status.text.find("dropped without a reply"), std::string::npos) << status.text;
+  status = call(shared.port, "x", reply);
+  EXPECT_EQ(status.code, Code::error);
+  EXPECT_TRUE(reply.empty());
+  EXPECT_TRUE(call(shared.port, "e", reply).ok()) << "the peer still serves";
+}
+
+// A call never outlives its timeout, whatever the peer does; late answers
+// are dropped, and the next call gets its own.
+TEST_F(PeersTest, SlowAnswerTimesOutAndTheNextCallGetsItsOwnAnswer) {
+  std::vector<char> reply;
+  auto t0 = Clock::now();
+  Status status = call(shared.port, "s400", reply, 100);
+  long took = ms_since(t0);
+  EXPECT_EQ(status.code, Code::timeout) << status.text;
+  EXPECT_GE(took, 100);
+  EXPECT_LT(took, 180);
+  ASSERT_TRUE(call(shared.port, "emine", reply).ok());
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "mine");
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the late answer arrives
+  ASSERT_TRUE(call(shared.port, "emine2", reply).ok());
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "mine2");
+}
+
+TEST_F(PeersTest, KilledPeerFailsCallsAtOnce) {
+  Peer peer = Peer::start(0);
+  ASSERT_NE(peer.port, 0);
+  std::vector<char> reply;
+  ASSERT_TRUE(call(peer.port, "ewarm", reply).ok());
+
+  auto waiting = std::async(std::launch::async, [&] {
+    std::vector<char> r;
+    return call(peer.port, "s3000", r, 5000);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto killed = Clock::now();
+  peer.stop();
+  Status status = waiting.get();
+  long pending_ms = ms_since(killed);
+  EXPECT_EQ(status.code, Code::unreachable) << status.text;
+  EXPECT_LT(pending_ms, 1000);
+
+  auto t0 = Clock::now();
+  status = call(peer.port, "eagain", reply, 5000);
+  long fresh_ms = ms_since(t0);
+  EXPECT_EQ(status.code, Code::unreachable) << status.text;
+  EXPECT_LT(fresh_ms, 1000);
+  printf("[ kill -9 ] a waiting call failed %ld ms after the kill; a new call %ld ms (%s)\n",
+         pending_ms, fresh_ms, status.text.c_str());
+}
+
+TEST_F(PeersTest, StoppedPeerTimesOutThenServesAgain) {
+  Peer peer = Peer::start(0);
+  ASSERT_NE(peer.port, 0);
+  std::vector<char> reply;
+  ASSERT_TRUE(call(peer.port, "ewarm", reply).ok());
+  peer.signal(SIGSTOP);
+  auto t0 = Clock::now();
+  Status status = call(peer.port, "estopped", reply, 300);
+  long took = ms_since(t0);
+  EXPECT_EQ(status.code, Code::timeout) << status.text;
+  EXPECT_GE(took, 300);
+  EXPECT_LT(took, 380);
+  peer.signal(SIGCONT);
+  status = call(peer.port, "eback", reply, 2000);
+  EXPECT_TRUE(status.ok()) << status.text;
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "back");
+  printf("[ SIGSTOP ] call returned after %ld ms (timeout 300 ms)\n", took);
+  peer.stop();
+}
+
+TEST_F(PeersTest, ReconnectsToAPeerRestartedOnTheSamePort) {
+  Peer first = Peer::start(0);
+  ASSERT_NE(first.port, 0);
+  uint16_t port = first.port;
+  std::vector<char> reply;
+  ASSERT_TRUE(call(port, "eone", reply).ok());
+  first.stop();
+  Peer second = Peer::start(port);
+  ASSERT_EQ(second.port, port) << "the port could not be reused";
+  Status status = call(port, "etwo", reply, 2000);
+  ASSERT_TRUE(status.ok()) << status.text;
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "two");
+  second.stop();
+}
+
+// What a stager gets without UCX_TLS: UCX's own choice less shared memory.
+// Fails if that setting is not valid UCX configuration or leaves no
+// transport. (That it is TCP here, between two Peers of one process, which
+// UCX would otherwise join through shared memory: UCX_LOG_LEVEL=info shows
+// "ep_cfg[..]: am(tcp/lo)".) Devices stay on the loopback.
+TEST(PeersDefaults, TransportsNeedNoSharedMemory) {
+  std::string tls = getenv("UCX_TLS");
+  unsetenv("UCX_TLS");
+  std::string error;
+  auto server = Peers::start(
+      "127.0.0.1", 0, kKey, [](std::vector<char> request, Reply reply) { reply.send(request); },
+      error);
+  auto client = Peers::start(
+      "127.0.0.1", 0, kKey, [](std::vector<char>, Reply reply) {}, error);
+  setenv("UCX_TLS", tls.c_str(), 1);
+  ASSERT_TRUE(server && client) << error;
+  std::string payload = pattern(1 << 20, 5);
+  std::vector<char> reply;
+  Status status = client->call("127.0.0.1", server->port(), payload, reply, 5000);
+  ASSERT_TRUE(status.ok()) << status.text;
+  EXPECT_TRUE(std::equal(reply.begin(), reply.end(), payload.begin(), payload.end()));
+}
+
+TEST_F(PeersTest, NobodyListeningIsUnreachableAtOnce) {
+  Peer peer = Peer::start(0);
+  uint16_t port = peer.port;
+  peer.stop();  // a port that was just free
+  std::vector<char> reply;
+  auto t0 = Clock::now();
+  Status status = call(port, "e", reply, 3000);
+  EXPECT_EQ(status.code, Code::unreachable) << status.text;
+  EXPECT_LT(ms_since(t0), 1000);
+}
+
+}  // namespace
+}  // namespace monarch::peers
