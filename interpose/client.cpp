@@ -112,11 +112,7 @@ void mark_stale_inode(JobMap* m, const struct stat& st, Change change) {
 }
 
 void touch(JobMap* m, uint32_t file) {
-  std::atomic<uint32_t>& w = m->entry(file).state;
-  uint32_t old = w.load(std::memory_order_relaxed);
-  if (state_of(old) != kCached || !(aux_of(old) & kAhead) || (aux_of(old) & kTouched)) return;
-  if (w.compare_exchange_strong(old, old | (kTouched << 8)))
-    m->header().ahead_touched.fetch_add(m->entry(file).size, std::memory_order_relaxed);
+  m->touch(file);
 }
 
 bool claim(JobMap* m, uint32_t file, uint32_t& word) {

@@ -281,6 +281,14 @@ int normalize_path(std::string_view base, std::string_view path, char* out, size
   return static_cast<int>(n);
 }
 
+void JobMap::touch(uint32_t file) const {
+  std::atomic<uint32_t>& w = entries_[file].state;
+  uint32_t old = w.load(std::memory_order_relaxed);
+  if (state_of(old) != kCached || !(aux_of(old) & kAhead) || (aux_of(old) & kTouched)) return;
+  if (w.compare_exchange_strong(old, old | (kTouched << 8)))
+    h_->ahead_touched.fetch_add(entries_[file].size, std::memory_order_relaxed);
+}
+
 bool copy_name(const JobMap& m, uint32_t file, char* out, size_t cap) {
   std::string_view rel = m.path(file);
   int n = std::snprintf(out, cap, "%s/%.*s", kDataDir, int(rel.size()), rel.data());

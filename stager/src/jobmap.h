@@ -259,6 +259,11 @@ class JobMap {
   // after the stall timeout, and sooner when no copy has moved for that long.
   bool queue_stuck(uint64_t queued_ns, uint64_t now_ns) const;
 
+  // A reader (here or on another node of the job) opened `file`: a copy made
+  // ahead is marked touched, once, and its bytes count as read
+  // (Header::ahead_touched), which lets stage-ahead go on. REQUIRES id < size().
+  void touch(uint32_t file) const;
+
   // Fills `st` from the index. Returns false if the index cannot answer exactly.
   bool fill_stat(uint32_t id, struct stat* st) const;
 

@@ -169,6 +169,7 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
     CopySlot* slot = nullptr;
     if (s.state == kCached && s.tier < tier_fds.size()) {
       named = copy_name(m, r.file, name, sizeof name);
+      m.touch(r.file);  // another node's reader: stage-ahead goes on as for one here
     } else if (s.state == kCopying && s.tier < tier_fds.size()) {
       slot = m.copy_slot(s.aux);
       if (slot && slot->file.load() == r.file + 1) {

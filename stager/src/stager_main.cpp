@@ -347,7 +347,10 @@ struct Stager {
                     .out_path = tier_dirs[0] + "/" + kIndexName,
                     .tier_dirs = tier_dirs,
                     .consistency = uint32_t(config.consistency == Consistency::kOpen),
-                    .small_file_max = config.small_file_max,
+                    // A multi-node job's readers never read a file whole
+                    // from the PFS to hand it over: another node may be
+                    // copying it for the job (its home).
+                    .small_file_max = jobwide ? 0 : config.small_file_max,
                     .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000,
                     .generation = random64(),
                     .index_rate = config.index_rate};
