@@ -111,12 +111,16 @@ std::string host_of(int dirfd, const std::string& name) {
 }
 
 // Moves `from` (in the private directory) to `to`, replacing only the
-// caller's own file. False when `to` is another user's.
+// caller's own file, and only while `still_usable()` says so: a name found
+// taken is judged again, as another writer (another node of the job, the
+// same user) may have placed it since the caller looked. False when `to`
+// may not be replaced.
+template <class Recheck>
 bool place(int priv, const std::string& from, int dirfd, const std::string& to,
-           const std::string& shown) {
+           const std::string& shown, Recheck still_usable) {
   if (renameat2(priv, from.c_str(), dirfd, to.c_str(), RENAME_NOREPLACE) == 0) return true;
   if (errno != EEXIST) fail(shown, errno);
-  if (slot_of(dirfd, to) != Slot::kOurs) return false;
+  if (slot_of(dirfd, to) != Slot::kOurs || !still_usable()) return false;
   if (renameat(priv, from.c_str(), dirfd, to.c_str()) != 0) fail(shown, errno);
   return true;
 }
@@ -146,7 +150,7 @@ std::vector<std::string> write_files(const std::string& dir, const std::string& 
     bool placed = true;
     for (const File& f : files) {
       placed = place(priv.get(), "report" + f.suffix, dirfd.get(), base + f.suffix,
-                     dir + "/" + base + f.suffix);
+                     dir + "/" + base + f.suffix, [&] { return usable(dirfd.get(), base); });
       if (!placed) break;
       paths.push_back(dir + "/" + base + f.suffix);
     }
@@ -188,23 +192,28 @@ std::vector<std::string> write_reports(const std::string& json, const std::strin
   Figures f = figures(json);
   if (!valid_job_key(f.job)) throw ReportError("a job key that cannot name a file: " + f.job);
   std::string host = valid_job_key(f.host) ? f.host : "";
+  // The .json first: it names the host, so that a node placing its files
+  // second sees whose they are (the nodes of a job write at the same moment).
   std::vector<File> files = {
-      {".txt", summary_text(json)}, {".json", report_json(json)}, {".svg", report_svg(json)}};
+      {".json", report_json(json)}, {".txt", summary_text(json)}, {".svg", report_svg(json)}};
   std::string base = "monarch-" + f.job;
   std::vector<std::string> bases{base};
   if (!host.empty()) bases.push_back(base + "-" + host);
   bases.push_back(base + "-" + (host.empty() ? "" : host + "-") + random_hex());
   // The first node of a job gets the plain names; a rerun on the same host
   // replaces its own; another host's report is kept.
-  return write_files(dir, "monarch-" + f.job, bases, files, [&](int dirfd, const std::string& b) {
-    Slot json_slot = slot_of(dirfd, b + ".json");
-    if (json_slot == Slot::kTaken) return false;
-    if (json_slot == Slot::kOurs && b == base) {
-      std::string other = host_of(dirfd, b + ".json");
-      if (!other.empty() && other != host) return false;
-    }
-    return free_or_ours(dirfd, b + ".txt") && free_or_ours(dirfd, b + ".svg");
-  });
+  std::vector<std::string> paths =
+      write_files(dir, "monarch-" + f.job, bases, files, [&](int dirfd, const std::string& b) {
+        Slot json_slot = slot_of(dirfd, b + ".json");
+        if (json_slot == Slot::kTaken) return false;
+        if (json_slot == Slot::kOurs && b == base) {
+          std::string other = host_of(dirfd, b + ".json");
+          if (!other.empty() && other != host) return false;
+        }
+        return free_or_ours(dirfd, b + ".txt") && free_or_ours(dirfd, b + ".svg");
+      });
+  std::swap(paths.at(0), paths.at(1));  // listed as before: .txt, .json, .svg
+  return paths;
 }
 
 std::string write_note(const std::string& job, const std::string& line, const std::string& dir) {

@@ -1,7 +1,9 @@
 """Fixture of the Slurm tests: installs the build (the tests use the
 INSTALLED Monarch, as a site would: its packages), makes the test users, the tiers and the
-data directories, and starts the one-node cluster with the test
-configuration. Usage: setup.py BUILD_DIR"""
+data directories, and starts the cluster with the test configuration:
+this host's two nodes and MONARCH_TEST_NODES (default 3) namespaced nodes
+in partition "multi", which see mounts made later below ROOT (the emulated
+PFS). Usage: setup.py BUILD_DIR"""
 import os
 import shutil
 import subprocess
@@ -29,6 +31,11 @@ def main():
             sys.exit(f"setup: {path} is not installed")
     for user in st.USERS:
         st.ensure_user(user)
+    # A cluster left running by an interrupted run holds the namespaced
+    # nodes' mounts of the tiers and ROOT: it goes first, and so do its
+    # nodes' tiers (a fresh node-local disk on each).
+    st.cluster("stop")
+    shutil.rmtree(os.path.join(st.CLUSTER_DIR, "nodes"), ignore_errors=True)
     # Tiers as a site makes them: root-owned 0755 (see monarch-test.conf).
     unmount_under(st.TIER_ROOT, st.ROOT)
     shutil.rmtree(st.TIER_ROOT, ignore_errors=True)
@@ -45,8 +52,9 @@ def main():
     # the tests need a user to be able to (test_hang.py).
     if os.path.exists("/dev/fuse"):
         os.chmod("/dev/fuse", 0o666)
-    st.cluster("start", "--plugstack-args", st.DEFAULT_PLUGSTACK_ARGS)
-    print("setup: cluster ready with", st.DEFAULT_PLUGSTACK_ARGS)
+    st.cluster("start", "--plugstack-args", st.DEFAULT_PLUGSTACK_ARGS,
+               "--nodes", str(st.NODES_MULTI), "--share", st.ROOT)
+    print("setup: cluster ready with", st.DEFAULT_PLUGSTACK_ARGS, "and nodes", *st.MULTI)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@ Layout on this machine (all made by setup.py):
                                           root-owned 0755 (see that file)
   /var/tmp/monarch-slurm-test/data/NAME   datasets, standing for the PFS
   /var/tmp/monarch-slurm-test/work/USER/  the jobs' working directories
+  /var/tmp/monarch-cluster/nodes/NODE/root/var/tmp/monarch-test-tier/{fast,slow}
+                                          a namespaced node's tiers, as the root
+                                          namespace sees them (node_tiers)
+The namespaced nodes see mounts made later below /var/tmp/monarch-slurm-test
+(a shared mount: the cluster's --share), e.g. the emulated PFS of Pfs.
 """
 import contextlib
 import glob
@@ -54,7 +59,10 @@ WORK = os.path.join(ROOT, "work")
 USERS = ("monarchtest", "monarchtest2", "monarchtest3")
 HOST = socket.gethostname().split(".")[0]
 HOST2 = HOST + "-2"  # the second node: a second slurmd on this machine
-NODES = (HOST, HOST2)
+# The namespaced nodes setup.py starts (cluster start --nodes N).
+NODES_MULTI = int(os.environ.get("MONARCH_TEST_NODES", "3"))
+MULTI = tuple(f"{HOST}-n{i}" for i in range(1, NODES_MULTI + 1))
+NODES = (HOST, HOST2) + MULTI
 CLUSTER_DIR = "/var/tmp/monarch-cluster"
 SLURM_CONF = os.path.join(CLUSTER_DIR, "etc", "slurm.conf")
 SLURMD_PID = os.path.join(CLUSTER_DIR, "run", f"slurmd-{HOST}.pid")
@@ -157,16 +165,39 @@ def workdir(user, test):
     return d
 
 
+def node_tiers(node):
+    """A namespaced node's tiers (the paths of TIERS inside it), as the root
+    namespace sees them: the per-node directories the cluster bind-mounts."""
+    return [os.path.join(CLUSTER_DIR, "nodes", node, "root") + t for t in TIERS]
+
+
+def all_tiers():
+    """The tiers of every node: the host's (also HOST-2's), then each namespaced node's."""
+    return TIERS + [t for n in MULTI for t in node_tiers(n)]
+
+
+def node_mounts(node):
+    """Mount points inside a namespaced node (its PID 1's mount table), or
+    [] when the node does not run."""
+    try:
+        pid = int(read(os.path.join(CLUSTER_DIR, "run", f"node-{node}.pid")))
+        with open(f"/proc/{pid}/mountinfo") as f:
+            return [line.split()[4].replace("\\040", " ") for line in f]
+    except (OSError, ValueError):
+        return []
+
+
 def job_dirs(job):
-    """The job's directories that still exist, on any tier."""
-    return [p for p in (os.path.join(t, f"monarch-job{job}") for t in TIERS) if os.path.lexists(p)]
+    """The job's directories that still exist, on any tier of any node."""
+    return [p for p in (os.path.join(t, f"monarch-job{job}") for t in all_tiers())
+            if os.path.lexists(p)]
 
 
 def job_state_files(job):
     """Monarch's own files of the job that still exist, on any tier: its
     records and images in <tier>/.monarch."""
     paths = []
-    for t in TIERS:
+    for t in all_tiers():
         paths += [os.path.join(t, ".monarch", "jobs", f"job{job}"),
                   os.path.join(t, ".monarch", "images", f"job{job}.img")]
     return [p for p in paths if os.path.lexists(p)]
@@ -253,8 +284,10 @@ def node_state(node=HOST):
 
 
 def node_states():
-    """{node: state} for both nodes."""
-    return {n: node_state(n) for n in NODES}
+    """{node: state} for every node."""
+    r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True)
+    seen = dict(line.split() for line in r.stdout.splitlines() if len(line.split()) == 2)
+    return {n: seen.get(n, "missing") for n in NODES}
 
 
 def wait_for(predicate, timeout, what, interval=0.1):
@@ -324,7 +357,7 @@ def leftovers():
     """Everything Monarch left on this node: job directories and Monarch's
     state entries on the tiers, mounts below the tiers, cgroup leaves."""
     left = []
-    for t in TIERS:
+    for t in all_tiers():
         if not os.path.isdir(t):
             continue
         left += [os.path.join(t, n) for n in os.listdir(t) if n.startswith("monarch-")]
@@ -333,6 +366,9 @@ def leftovers():
             if os.path.isdir(d):
                 left += [os.path.join(d, n) for n in os.listdir(d)]
     left += [f"mount {p}" for p in mounts_below(TIER_ROOT)]
+    for node in MULTI:  # the node's own tiers are mount points: what is below them
+        left += [f"mount {p} on {node}" for p in node_mounts(node)
+                 if any(p.startswith(t + "/") for t in TIERS)]
     left += [f"cgroup {p}" for p in monarch_cgroups()]
     return left
 
