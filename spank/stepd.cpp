@@ -178,9 +178,8 @@ StepPlan plan_step(spank_t sp, uint32_t job) {
   // stager finds itself in the list by its host name.
   std::string nodes = get_env(sp, "SLURM_JOB_NODELIST"), key = get_env(sp, kEnvJobKey);
   if (plan.config.job_wide && nodes.find_first_of(",[") != std::string::npos) {
-    plan.launch.args.insert(plan.launch.args.end(),
-                            {"--nodes", nodes, "--peer-port",
-                             std::to_string(peer_port(plan.config, job))});
+    plan.launch.args.insert(plan.launch.args.end(), {"--nodes", nodes, "--peer-port",
+                                                     std::to_string(peer_port(plan.config, job))});
     if (!key.empty()) plan.launch.env.push_back(std::string(kEnvJobKey) + "=" + key);
   }
   return plan;

@@ -462,7 +462,8 @@ std::string check_dataset(const std::string& given, const Config& config) {
 }
 
 uint16_t peer_port(const Config& config, uint32_t job_id) {
-  return uint16_t(config.peer_port_low + job_id % (config.peer_port_high - config.peer_port_low + 1));
+  return uint16_t(config.peer_port_low +
+                  job_id % (config.peer_port_high - config.peer_port_low + 1));
 }
 
 }  // namespace monarch

@@ -56,6 +56,7 @@ void Copier::start() {
   // In a multi-node job, each node stages ahead the files homed on it.
   for (uint32_t i = 0; i < map_.size(); ++i)
     if (!opt_.peers || opt_.peers->home(i) < 0) backlog_.push_back(i);
+  spdlog::debug("stage-ahead backlog: {} of {} files", backlog_.size(), map_.size());
   std::stable_sort(backlog_.begin(), backlog_.end(), [this](uint32_t a, uint32_t b) {
     return map_.entry(a).size < map_.entry(b).size;
   });
@@ -246,7 +247,7 @@ void Copier::judge_the_pfs() {
 bool Copier::idle() const {
   std::lock_guard lock(mu_);
   return urgent_.empty() && paused_.empty() && peer_.empty() && running_ == 0 && !rescan_ &&
-         (!opt_.stage_ahead || backlog_next_ >= map_.size());
+         (!opt_.stage_ahead || backlog_next_ >= backlog_.size());
 }
 
 double Copier::fill_seconds() const {
@@ -324,7 +325,7 @@ bool Copier::next_job(Job& job) {
     }
     bool waiting_for_readers = false;
     if (opt_.stage_ahead && !map_.header().copies_off.load(std::memory_order_relaxed)) {
-      while (backlog_next_ < map_.size()) {
+      while (backlog_next_ < backlog_.size()) {
         uint32_t f = backlog_[backlog_next_];
         uint32_t s = map_.entry(f).state.load();
         if (state_of(s) == kNone && !window_room(map_.entry(f).size)) {

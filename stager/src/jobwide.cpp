@@ -67,7 +67,7 @@ std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
   }
   JobWide* self = jw.get();
   jw->net_ = peers::Peers::start(
-      "0.0.0.0", jw->opt_.port, jw->opt_.key,
+      jw->opt_.address, jw->opt_.port, jw->opt_.key,
       [self](std::vector<char> request, peers::Reply reply) {
         self->handle(std::move(request), std::move(reply));
       },
@@ -139,8 +139,9 @@ void JobWide::worker() {
 }
 
 void JobWide::serve(const Request& r, peers::Reply& reply) {
-  uint64_t deadline = now_ns() + (r.type == kIndex ? uint64_t(opt_.index_wait_ms) * 1'000'000
-                                                   : kLongPollNs);
+  spdlog::debug("peer request {} for file {} at {} ({} bytes)", r.type, r.file, r.off, r.len);
+  uint64_t deadline =
+      now_ns() + (r.type == kIndex ? uint64_t(opt_.index_wait_ms) * 1'000'000 : kLongPollNs);
   std::unique_lock lock(mu_);
   // Requests that come before this node's map wait for it (the index, a file).
   while (!map_ && !stopping_ && now_ns() < deadline)
@@ -173,7 +174,8 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
     } else if (s.state == kCopying && s.tier < tier_fds.size()) {
       slot = m.copy_slot(s.aux);
       if (slot && slot->file.load() == r.file + 1) {
-        if (slot->progress.load() >= end) named = partial_name(m, r.file, name, sizeof name);
+        if (slot->progress.load() >= end)
+          named = partial_name(m, r.file, name, sizeof name);
         else if (now_ns() - slot->progress_ns.load() > opt_.stall_ns)
           return reply.send({kUnavailable});  // the copy here is stuck: the PFS
       }
@@ -211,9 +213,9 @@ std::optional<std::string> JobWide::fetch_index(std::string& why) {
   const std::string& walker = opt_.nodes[0];
   for (;;) {
     uint64_t left_ms = deadline > now_ns() ? (deadline - now_ns()) / 1'000'000 : 0;
-    peers::Status st = net_->call(walker, opt_.port,
-                                  std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply,
-                                  int(std::max<uint64_t>(left_ms, 1)));
+    peers::Status st =
+        net_->call(walker, opt_.port, std::string_view(reinterpret_cast<char*>(&r), sizeof r),
+                   reply, int(std::max<uint64_t>(left_ms, 1)));
     if (st.ok() && !reply.empty() && reply.back() == kBytes) {
       reply.pop_back();
       counters_[s_index_received] = 1;
@@ -260,8 +262,7 @@ void JobWide::fail(int node, const peers::Status& why) {
 PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, size_t len,
                               size_t& n) {
   n = 0;
-  if (node < 0 || size_t(node) >= opt_.nodes.size() ||
-      (node < 64 && (failed_.load() >> node & 1)))
+  if (node < 0 || size_t(node) >= opt_.nodes.size() || (node < 64 && (failed_.load() >> node & 1)))
     return Got::kFailed;
   JobMap* m;
   {
@@ -270,12 +271,17 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   }
   if (!m || file >= m->size()) return Got::kUnavailable;
   const Entry& e = m->entry(file);
-  Request r{.type = kFetch, .file = file, .off = off, .len = len, .size = e.size, .ino = e.ino,
+  Request r{.type = kFetch,
+            .file = file,
+            .off = off,
+            .len = len,
+            .size = e.size,
+            .ino = e.ino,
             .mtime_ns = e.mtime_ns};
   thread_local std::vector<char> reply;
-  peers::Status st =
-      net_->call(opt_.nodes[node], opt_.port,
-                 std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply, int(opt_.timeout_ms));
+  peers::Status st = net_->call(opt_.nodes[node], opt_.port,
+                                std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply,
+                                int(opt_.timeout_ms));
   if (!st.ok()) {
     if (st.code == peers::Code::error) return Got::kUnavailable;  // that request, not the node
     fail(node, st);

@@ -40,12 +40,13 @@
 namespace monarch {
 
 struct JobWideOptions {
-  std::vector<std::string> nodes;  // the job's nodes, in Slurm's order
-  int self = 0;                    // this node's place in `nodes`
-  uint16_t port = 0;               // every stager of the job listens on it
-  std::string key;                 // the job's secret
-  unsigned timeout_ms = 1000;      // a peer silent this long is failed
-  unsigned index_wait_ms = 30000;  // how long a node waits for the index before walking
+  std::vector<std::string> nodes;   // the job's nodes, in Slurm's order
+  int self = 0;                     // this node's place in `nodes`
+  uint16_t port = 0;                // every stager of the job listens on it
+  std::string address = "0.0.0.0";  // the address it listens on
+  std::string key;                  // the job's secret
+  unsigned timeout_ms = 1000;       // a peer silent this long is failed
+  unsigned index_wait_ms = 30000;   // how long a node waits for the index before walking
   uint64_t stall_ns = 200'000'000;
 };
 
@@ -54,8 +55,7 @@ class JobWide : public PeerSource {
   // Listens on the job's port. Null with `error` when it cannot (the port is
   // taken, UCX cannot start): the node then caches on its own.
   static std::unique_ptr<JobWide> start(JobWideOptions options,
-                                        std::atomic<uint64_t>* stager_counters,
-                                        std::string& error);
+                                        std::atomic<uint64_t>* stager_counters, std::string& error);
   ~JobWide() override;
 
   bool walks() const { return opt_.self == 0; }

@@ -60,7 +60,7 @@ struct Options {
   // Multi-node jobs (the Slurm plugin): the job's node list as Slurm writes
   // it, this node's name, the job's port. The job's key comes in the
   // environment (kEnvJobKey), never on the command line, which any user sees.
-  std::string nodes, node;
+  std::string nodes, node, peer_address = "0.0.0.0";
   unsigned peer_port = 0;
 };
 
@@ -308,6 +308,7 @@ struct Stager {
       JobWideOptions o{.nodes = nodes,
                        .self = int(self - nodes.begin()),
                        .port = uint16_t(opt.peer_port),
+                       .address = opt.peer_address,
                        .key = secret,
                        .timeout_ms = config.peer_timeout_ms,
                        .index_wait_ms = std::max(1u, config.start_timeout_s) * 1000,
@@ -596,7 +597,9 @@ Options parse_args(int argc, char** argv) {
       "remove the job's directories at exit if the parent is gone (monarch-run killed)")(
       "nodes", po::value(&o.nodes), "a multi-node job's nodes, as SLURM_JOB_NODELIST")(
       "node", po::value(&o.node), "this node's name in --nodes (default: the short host name)")(
-      "peer-port", po::value(&o.peer_port), "the port the job's stagers listen on");
+      "peer-port", po::value(&o.peer_port), "the port the job's stagers listen on")(
+      "peer-address", po::value(&o.peer_address),
+      "the address this stager listens on for the others (default all of the node's)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
