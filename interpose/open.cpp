@@ -246,6 +246,9 @@ void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
   bool copies = alive && !m->header().copies_off.load(std::memory_order_relaxed);
   if (!copies || stream || (s.state != kNone && s.state != kQueued && s.state != kCopying)) {
     e->gave_up = true;  // no copy will serve it: counted, read from the PFS
+    // A stream reads the PFS this time (stdio's buffer is not Monarch's to
+    // fill), and asks for the copy its next open will find.
+    if (copies && stream && s.state == kNone) send(m, Request::kPlace, file);
     return;
   }
   if (m->entry(file).size <= m->small_file_max() && s.state == kNone) read_whole(m, file, fd, e);

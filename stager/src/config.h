@@ -63,7 +63,7 @@ struct Config {
   // The stagers of a job listen on peer_port_low + job id % the range's size.
   unsigned peer_port_low = 7400, peer_port_high = 7899;
   unsigned peer_timeout_ms = 1000;  // a peer silent this long is failed for the job
-  std::string source;  // the file it was read from, for messages
+  std::string source;               // the file it was read from, for messages
 };
 
 // A configuration error, already phrased for the admin: file, line, key,

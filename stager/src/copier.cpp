@@ -55,11 +55,11 @@ void Copier::start() {
   // the most files, which saves the most PFS operations in later epochs.
   // In a multi-node job, each node stages ahead the files homed on it.
   for (uint32_t i = 0; i < map_.size(); ++i)
-    if (!opt_.peers || opt_.peers->home(i) < 0) backlog_.push_back(i);
+    (!opt_.peers || opt_.peers->home(i) < 0 ? backlog_ : replicas_).push_back(i);
   spdlog::debug("stage-ahead backlog: {} of {} files", backlog_.size(), map_.size());
-  std::stable_sort(backlog_.begin(), backlog_.end(), [this](uint32_t a, uint32_t b) {
-    return map_.entry(a).size < map_.entry(b).size;
-  });
+  auto by_size = [this](uint32_t a, uint32_t b) { return map_.entry(a).size < map_.entry(b).size; };
+  std::stable_sort(backlog_.begin(), backlog_.end(), by_size);
+  std::stable_sort(replicas_.begin(), replicas_.end(), by_size);
   for (unsigned i = 0; i < opt_.threads; ++i)
     threads_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "monarch-copy");  // for ps, gdb, and fault tests
@@ -281,12 +281,41 @@ void Copier::peer_worker() {
 
 bool Copier::next_peer_job(Job& job) {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [this] { return stopping_ || !peer_.empty(); });
-  if (stopping_) return false;
-  job = peer_.front();
-  peer_.pop_front();
-  running_++;
-  return true;
+  for (;;) {
+    if (stopping_) return false;
+    if (!peer_.empty()) {
+      job = peer_.front();
+      peer_.pop_front();
+      running_++;
+      return true;
+    }
+    if (next_replica(job)) {
+      running_++;
+      return true;
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(100));  // replicas: homes copy meanwhile
+  }
+}
+
+bool Copier::next_replica(Job& job) {
+  if (!opt_.stage_ahead || map_.header().copies_off.load(std::memory_order_relaxed) ||
+      backlog_next_ < backlog_.size())
+    return false;
+  if (replicas_next_ >= replicas_.size()) {
+    if (!replicas_deferred_ || monotonic_ns() - replicas_pass_ns_ < kReplicaPassNs) return false;
+    replicas_next_ = 0, replicas_deferred_ = false;
+  }
+  if (replicas_next_ == 0) replicas_pass_ns_ = monotonic_ns();
+  while (replicas_next_ < replicas_.size()) {
+    uint32_t f = replicas_[replicas_next_++];
+    uint32_t s = map_.entry(f).state.load();
+    int home = opt_.peers->home(f);
+    if (home < 0 || state_of(s) != kNone) continue;  // re-homed here, or under way already
+    if (!set_state(f, s, make_state(kQueued, 0, coarse_now()))) continue;
+    job = Job{.file = f, .peer = home, .replica = true};
+    return true;
+  }
+  return false;
 }
 
 ssize_t Copier::read_peer(Job& job, char* buf, size_t len, Outcome& fallback) {
@@ -299,12 +328,22 @@ ssize_t Copier::read_peer(Job& job, char* buf, size_t len, Outcome& fallback) {
   CopySlot& slot = map_.header().copies[job.slot];
   while (!stopping_) {
     size_t n = 0;
-    PeerSource::Got got = opt_.peers->read(job.peer, job.file, job.done, buf, len, n);
+    // A replica a reader has asked for meanwhile is the reader's copy now.
+    if (job.replica && boost_[job.slot]) job.replica = false, job.urgent = true;
+    PeerSource::Got got = opt_.peers->read(job.peer, job.file, job.done, buf, len, job.replica, n);
     if (got == PeerSource::Got::kBytes) {
       count(s_peer_bytes, n);
       return ssize_t(n);
     }
-    if (got != PeerSource::Got::kPending || monotonic_ns() - start > kPeerPatienceNs) break;
+    if (got != PeerSource::Got::kPending || monotonic_ns() - start > kPeerPatienceNs) {
+      if (job.replica) {  // never from the PFS: left for a later pass or a reader
+        std::lock_guard lock(mu_);
+        replicas_deferred_ |= got == PeerSource::Got::kNotYet;
+        fallback = Outcome::kNotNow;
+        return -2;
+      }
+      break;
+    }
     slot.progress_ns.store(monotonic_ns(), std::memory_order_release);  // alive, as the peer's
   }
   fallback = Outcome::kFromPfs;
@@ -375,6 +414,7 @@ void Copier::run(Job& job) {
       paused_.push_back(job);
       return;
     }
+    if (o == Outcome::kNotNow) return;
     if (o == Outcome::kFromPfs) {  // the peer cannot serve it: this node reads the PFS
       count(s_peer_fallbacks);
       std::lock_guard lock(mu_);
@@ -490,7 +530,7 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
         Outcome fallback = Outcome::kDone;
         n = read_peer(job, buf.data(), std::min<uint64_t>(block, e.size - job.done), fallback);
         if (n == -2) {
-          abandon(job, kQueued);
+          abandon(job, fallback == Outcome::kNotNow ? kNone : kQueued);
           return fallback;
         }
       } else {

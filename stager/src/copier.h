@@ -43,8 +43,13 @@ class PeerSource {
     kPending,      // the node is still copying the file: ask again
     kUnavailable,  // the node will not have it (no room, a failed copy): the PFS
     kFailed,       // the node is gone; home() no longer names it
+    kNotYet,       // (replica) the node has not copied it yet, and is not asked to
   };
-  virtual Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, size_t& n) = 0;
+  // replica: a copy made ahead, which the node serves only from a copy it
+  // has or is making (never one made for the asking), and which does not
+  // count as a reader's (its stage-ahead window, Header::ahead_touched).
+  virtual Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, bool replica,
+                   size_t& n) = 0;
 };
 
 struct CopierOptions {
@@ -107,13 +112,14 @@ class Copier {
     bool ahead = false;  // from the stage-ahead backlog, counted in ahead_bytes_
     int memfd = -1;      // kData: bytes from a reader
     int tier = -1, slot = -1, src = -1, dst = -1;
-    int peer = -1;  // the node the bytes come from, -1: the PFS (or memfd)
+    int peer = -1;         // the node the bytes come from, -1: the PFS (or memfd)
+    bool replica = false;  // made ahead from its home, for this node's readers to come
     uint32_t copying = 0;  // the state word begin() set, 0 before
     std::string rel;       // the path begin() read from the map
     uint64_t done = 0;
     uint64_t started_ns = 0;
   };
-  enum class Outcome { kDone, kPaused, kRetryNextTier, kFromPfs };
+  enum class Outcome { kDone, kPaused, kRetryNextTier, kFromPfs, kNotNow };
 
   void worker();
   bool next_job(Job& job);  // false when stopping
@@ -161,6 +167,16 @@ class Copier {
   std::condition_variable cv_;
   std::deque<Job> urgent_, paused_, peer_;
   std::vector<uint32_t> backlog_;  // stage-ahead order: file ids by size
+  // Multi-node jobs: the files homed elsewhere, copied from their homes once
+  // this node's own backlog is done (its share of the job's cache first),
+  // while the tiers have room. Those a home has not copied yet are looked at
+  // again, a pass every kReplicaPassNs.
+  std::vector<uint32_t> replicas_;
+  size_t replicas_next_ = 0;
+  bool replicas_deferred_ = false;
+  uint64_t replicas_pass_ns_ = 0;
+  static constexpr uint64_t kReplicaPassNs = 500'000'000;
+  bool next_replica(Job& job);  // REQUIRES mu_
   uint64_t backlog_next_ = 0;
   uint64_t ahead_bytes_ = 0;  // copies made (or under way) ahead of any reader
   // Whether a copy of `size` bytes may be made ahead: the copies readers have

@@ -50,33 +50,33 @@ enum Counter : int {
 namespace monarch {
 
 // X(name, meaning): counters of the stager itself.
-#define MONARCH_STAGER_COUNTERS(X)                                                   \
-  X(copies, "files copied from the PFS to a node-local tier")                        \
-  X(copy_bytes, "bytes of those copies")                                             \
-  X(copy_ns, "time spent in those copies, summed over copy threads")                 \
-  X(pfs_opens, "opens sent to the PFS by the stager")                                \
-  X(pfs_open_ns, "time spent in those opens")                                        \
-  X(pfs_reads, "reads sent to the PFS by the stager")                                \
-  X(pfs_bytes, "bytes read from the PFS by the stager")                              \
-  X(pfs_read_ns, "time spent in those reads")                                        \
-  X(handoffs, "files written from bytes a reader had read whole")                    \
-  X(handoff_bytes, "bytes of those files")                                           \
-  X(adopted, "copies found from an earlier stager of this job and kept")             \
-  X(adopted_bytes, "bytes of those copies")                                          \
-  X(discarded, "copies found from an earlier stager that no longer matched the PFS") \
-  X(noroom, "files that fit on no tier")                                             \
-  X(copy_errors, "copies that failed with an I/O error")                             \
-  X(stale, "files whose PFS version changed after indexing")                         \
-  X(tier_full, "times a tier's file system ran out of space")                        \
-  X(requests, "requests received from the job's processes")                          \
-  X(ignored, "requests ignored (another generation, or nothing to do)")              \
-  X(preemptions, "background copies paused for a reader's request")                  \
+#define MONARCH_STAGER_COUNTERS(X)                                                        \
+  X(copies, "files copied from the PFS to a node-local tier")                             \
+  X(copy_bytes, "bytes of those copies")                                                  \
+  X(copy_ns, "time spent in those copies, summed over copy threads")                      \
+  X(pfs_opens, "opens sent to the PFS by the stager")                                     \
+  X(pfs_open_ns, "time spent in those opens")                                             \
+  X(pfs_reads, "reads sent to the PFS by the stager")                                     \
+  X(pfs_bytes, "bytes read from the PFS by the stager")                                   \
+  X(pfs_read_ns, "time spent in those reads")                                             \
+  X(handoffs, "files written from bytes a reader had read whole")                         \
+  X(handoff_bytes, "bytes of those files")                                                \
+  X(adopted, "copies found from an earlier stager of this job and kept")                  \
+  X(adopted_bytes, "bytes of those copies")                                               \
+  X(discarded, "copies found from an earlier stager that no longer matched the PFS")      \
+  X(noroom, "files that fit on no tier")                                                  \
+  X(copy_errors, "copies that failed with an I/O error")                                  \
+  X(stale, "files whose PFS version changed after indexing")                              \
+  X(tier_full, "times a tier's file system ran out of space")                             \
+  X(requests, "requests received from the job's processes")                               \
+  X(ignored, "requests ignored (another generation, or nothing to do)")                   \
+  X(preemptions, "background copies paused for a reader's request")                       \
   X(copies_off, "1 when copying stopped: the dataset's file system is as fast as a tier") \
-  X(peer_copies, "files copied from another node of the job")                        \
-  X(peer_bytes, "bytes of those copies, received over the network")                  \
-  X(peer_fallbacks, "copies from another node that went to the PFS instead")         \
-  X(served_bytes, "bytes this node sent to the job's other nodes")                   \
-  X(peers_failed, "nodes of the job this node stopped asking (dead or unreachable)") \
+  X(peer_copies, "files copied from another node of the job")                             \
+  X(peer_bytes, "bytes of those copies, received over the network")                       \
+  X(peer_fallbacks, "copies from another node that went to the PFS instead")              \
+  X(served_bytes, "bytes this node sent to the job's other nodes")                        \
+  X(peers_failed, "nodes of the job this node stopped asking (dead or unreachable)")      \
   X(index_received, "1 when the index came from another node instead of a walk")
 
 enum StagerCounter : int {

@@ -19,11 +19,16 @@ enum Answer : char {
   kBytes = 'B',        // the bytes asked for (or the index) precede it
   kPending = 'P',      // the copy is under way: ask again
   kUnavailable = 'U',  // this node will not have the file: read the PFS
+  kNotYet = 'N',       // (a replica) this node has not copied it yet
 };
+constexpr uint32_t kReplica = 1;  // Request::flags: see PeerSource::read
 // A server waits this long for a copy to reach the bytes asked for before it
 // answers kPending: long enough to spare round trips, far within the timeout.
 constexpr uint64_t kLongPollNs = 50'000'000;
 constexpr unsigned kServers = 4;  // requests served at once (each may wait on a copy)
+// The walking node answers a request for the index within this, pending
+// while it still walks; the asking node asks again.
+constexpr uint64_t kIndexPollMs = 500;
 
 uint64_t now_ns() {
   return monotonic_ns();
@@ -37,7 +42,7 @@ struct JobWide::Request {
   uint32_t magic = kRequestMagic;
   uint32_t type = 0;
   uint32_t file = 0;
-  uint32_t pad = 0;
+  uint32_t flags = 0;
   uint64_t off = 0, len = 0, size = 0, ino = 0;
   int64_t mtime_ns = 0;
 };
@@ -140,8 +145,7 @@ void JobWide::worker() {
 
 void JobWide::serve(const Request& r, peers::Reply& reply) {
   spdlog::debug("peer request {} for file {} at {} ({} bytes)", r.type, r.file, r.off, r.len);
-  uint64_t deadline =
-      now_ns() + (r.type == kIndex ? uint64_t(opt_.index_wait_ms) * 1'000'000 : kLongPollNs);
+  uint64_t deadline = now_ns() + (r.type == kIndex ? kIndexPollMs * 1'000'000 : kLongPollNs);
   std::unique_lock lock(mu_);
   // Requests that come before this node's map wait for it (the index, a file).
   while (!map_ && !stopping_ && now_ns() < deadline)
@@ -170,7 +174,9 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
     CopySlot* slot = nullptr;
     if (s.state == kCached && s.tier < tier_fds.size()) {
       named = copy_name(m, r.file, name, sizeof name);
-      m.touch(r.file);  // another node's reader: stage-ahead goes on as for one here
+      // Another node's reader: stage-ahead goes on as for one here. (A
+      // replica is nobody's read yet.)
+      if (!(r.flags & kReplica)) m.touch(r.file);
     } else if (s.state == kCopying && s.tier < tier_fds.size()) {
       slot = m.copy_slot(s.aux);
       if (slot && slot->file.load() == r.file + 1) {
@@ -180,6 +186,7 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
           return reply.send({kUnavailable});  // the copy here is stuck: the PFS
       }
     } else if (s.state == kNone) {
+      if (r.flags & kReplica) return reply.send({kNotYet});  // not copied for a replica
       if (!copier.copies_on()) return reply.send({kUnavailable});
       if (!placed) copier.place(r.file), placed = true;
     } else if (s.state != kQueued && s.state != kClaimed) {
@@ -206,16 +213,17 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
   }
 }
 
-std::optional<std::string> JobWide::fetch_index(std::string& why) {
+std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& why, bool& final) {
   Request r{.type = kIndex};
   std::vector<char> reply;
-  uint64_t deadline = now_ns() + uint64_t(opt_.index_wait_ms) * 1'000'000;
+  uint64_t deadline = now_ns() + wait_ms * 1'000'000;
   const std::string& walker = opt_.nodes[0];
+  final = true;
   for (;;) {
     uint64_t left_ms = deadline > now_ns() ? (deadline - now_ns()) / 1'000'000 : 0;
     peers::Status st =
         net_->call(walker, opt_.port, std::string_view(reinterpret_cast<char*>(&r), sizeof r),
-                   reply, int(std::max<uint64_t>(left_ms, 1)));
+                   reply, int(std::clamp<uint64_t>(left_ms, 1, 2 * kIndexPollMs)));
     if (st.ok() && !reply.empty() && reply.back() == kBytes) {
       reply.pop_back();
       counters_[s_index_received] = 1;
@@ -232,11 +240,12 @@ std::optional<std::string> JobWide::fetch_index(std::string& why) {
     // Not listening yet (its stager starts with its first step there), or
     // still walking: asked again until the wait is over.
     if (now_ns() >= deadline) {
-      why = walker + " sent no index within " + std::to_string(opt_.index_wait_ms) + " ms (" +
+      why = walker + " sent no index within " + std::to_string(wait_ms) + " ms (" +
             (st.ok() ? std::string("still walking") : st.text) + ")";
+      final = false;
       return std::nullopt;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!st.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
@@ -260,7 +269,7 @@ void JobWide::fail(int node, const peers::Status& why) {
 }
 
 PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, size_t len,
-                              size_t& n) {
+                              bool replica, size_t& n) {
   n = 0;
   if (node < 0 || size_t(node) >= opt_.nodes.size() || (node < 64 && (failed_.load() >> node & 1)))
     return Got::kFailed;
@@ -270,18 +279,51 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
     m = map_;
   }
   if (!m || file >= m->size()) return Got::kUnavailable;
+  size_t i = std::min<size_t>(node, kMaxSilent - 1);
+  // Not up yet: its files come from the PFS meanwhile (a replica waits).
+  Got later = replica ? Got::kNotYet : Got::kUnavailable;
+  if (down_until_[i].load() > now_ns()) return later;
   const Entry& e = m->entry(file);
   Request r{.type = kFetch,
             .file = file,
+            .flags = replica ? kReplica : 0u,
             .off = off,
             .len = len,
             .size = e.size,
             .ino = e.ino,
             .mtime_ns = e.mtime_ns};
   thread_local std::vector<char> reply;
-  peers::Status st = net_->call(opt_.nodes[node], opt_.port,
-                                std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply,
-                                int(opt_.timeout_ms));
+  // Short calls, so that the copy shows it is alive (the caller stamps its
+  // progress between them) while a busy node answers late; a node silent
+  // for the whole peer timeout is given up on.
+  uint64_t call_ms = std::clamp<uint64_t>(opt_.stall_ns / 2'000'000, 20, opt_.timeout_ms);
+  peers::Status st =
+      net_->call(opt_.nodes[node], opt_.port,
+                 std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply, int(call_ms));
+  std::atomic<uint64_t>& silent = silent_since_[i];
+  if (st.code == peers::Code::unreachable && !answered_[i].load()) {
+    // Never answered: its stager is not up yet (the job's steps reach nodes
+    // one after the other), not dead. Given up on only if it never comes up.
+    uint64_t now = now_ns(), first = first_try_[i].load();
+    if (!first) first_try_[i].compare_exchange_strong(first, now), first = first ? first : now;
+    if (now - first < kNotUpWaitNs) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return replica ? Got::kNotYet : Got::kPending;
+    }
+    if (now - first < uint64_t(opt_.index_wait_ms) * 1'000'000) {
+      down_until_[i].store(now + kNotUpRetryNs);
+      return later;
+    }
+  }
+  if (st.code == peers::Code::timeout) {
+    uint64_t now = now_ns(), since = silent.load();
+    if (!since) silent.compare_exchange_strong(since, now), since = since ? since : now;
+    if (now - since < uint64_t(opt_.timeout_ms) * 1'000'000) return Got::kPending;
+    fail(node, st);
+    return Got::kFailed;
+  }
+  silent.store(0);
+  if (st.ok()) answered_[i].store(true);
   if (!st.ok()) {
     if (st.code == peers::Code::error) return Got::kUnavailable;  // that request, not the node
     fail(node, st);
@@ -290,6 +332,7 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   if (reply.empty()) return Got::kUnavailable;
   char answer = reply.back();
   if (answer == kPending) return Got::kPending;
+  if (answer == kNotYet) return Got::kNotYet;
   if (answer != kBytes || reply.size() - 1 > len) return Got::kUnavailable;
   n = reply.size() - 1;
   std::memcpy(buf, reply.data(), n);

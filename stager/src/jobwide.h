@@ -59,9 +59,10 @@ class JobWide : public PeerSource {
   ~JobWide() override;
 
   bool walks() const { return opt_.self == 0; }
-  // The index from the walking node, in wire form; nullopt (and why) when it
-  // did not answer within index_wait_ms.
-  std::optional<std::string> fetch_index(std::string& why);
+  // The index from the walking node, in wire form, waiting at most wait_ms;
+  // nullopt and why when it did not come. final: asking again is pointless
+  // (the node refused or has none); otherwise the time was too short.
+  std::optional<std::string> fetch_index(uint64_t wait_ms, std::string& why, bool& final);
   // The map is published here: serving starts (the index, when this node
   // walked it; files). Before that, requests wait.
   void serving(JobMap& map, Copier& copier, std::vector<int> tier_fds);
@@ -69,7 +70,8 @@ class JobWide : public PeerSource {
   void stop();
 
   int home(uint32_t file) override;
-  Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, size_t& n) override;
+  Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, bool replica,
+           size_t& n) override;
 
  private:
   struct Request;
@@ -84,6 +86,20 @@ class JobWide : public PeerSource {
   std::atomic<uint64_t>* counters_;
   std::unique_ptr<peers::Peers> net_;
   std::atomic<uint64_t> failed_{0};  // a bit per node (the first 64)
+  // Per node (the first 64): since when it has answered no call (0: it
+  // answers); whether it ever answered; until when it is taken as not up
+  // yet (its stager starts with the job's first step there).
+  static constexpr size_t kMaxSilent = 64;
+  std::atomic<uint64_t> silent_since_[kMaxSilent] = {};
+  std::atomic<bool> answered_[kMaxSilent] = {};
+  std::atomic<uint64_t> down_until_[kMaxSilent] = {};
+  std::atomic<uint64_t> first_try_[kMaxSilent] = {};
+  // A node that does not listen yet: its files are waited for this long from
+  // the first try (the steps of one srun start on all nodes within about a
+  // second), then read from the PFS, the node asked again only every
+  // kNotUpRetryNs, and given up on once index_wait_ms have passed.
+  static constexpr uint64_t kNotUpWaitNs = 2'000'000'000;
+  static constexpr uint64_t kNotUpRetryNs = 1'000'000'000;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -326,8 +326,14 @@ struct Stager {
   // otherwise, or when that node does not send it.
   MappedMap make_index(const IndexOptions& io, const std::function<void(JobMap&)>& publish) {
     if (jobwide && !jobwide->walks()) {
-      std::string why;
-      if (std::optional<std::string> wire = jobwide->fetch_index(why)) {
+      std::string why = early_why;
+      bool final = early_final;
+      std::optional<std::string> wire = std::move(early_index);
+      if (!wire && !final) {
+        uint64_t left = std::max(1u, config.start_timeout_s) * 1000ull - kEarlyIndexMs;
+        wire = jobwide->fetch_index(left, why, final);
+      }
+      if (wire) {
         try {
           return build_index_from(io, *wire, index_stats, publish);
         } catch (const std::runtime_error& e) {
@@ -338,6 +344,19 @@ struct Stager {
       spdlog::warn("walking the dataset here: {}", why);
     }
     return build_index(io, index_stats, publish);
+  }
+
+  // A multi-node job's index, asked for before the stager says "ready" (the
+  // tasks start then): usually there in milliseconds, it spares the PFS the
+  // reads the tasks would make before this node's map exists. Bounded: past
+  // kEarlyIndexMs the job starts, and the index is awaited meanwhile.
+  static constexpr uint64_t kEarlyIndexMs = 1000;
+  std::optional<std::string> early_index;
+  std::string early_why;
+  bool early_final = false;
+  void fetch_early_index() {
+    if (jobwide && !jobwide->walks())
+      early_index = jobwide->fetch_index(kEarlyIndexMs, early_why, early_final);
   }
 
   // The index, then the copier and the statistics: after start() has said
@@ -527,6 +546,7 @@ struct Stager {
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);  // a copy above the job's file size limit fails with EFBIG
 
+    fetch_early_index();
     tell(opt.ready_fd, "ready");
     try {
       build();

@@ -172,13 +172,13 @@ def epoch_ddp(order, rank, world):
         return dict(zip(mine, pool.map(md5_ddp, mine, chunksize=8)))
 
 
-def barrier(directory, epoch, rank, world, timeout=600):
+def barrier(directory, name, rank, world, timeout=600):
     import time
-    open(os.path.join(directory, f"e{epoch}-r{rank}"), "w").close()
+    open(os.path.join(directory, f"{name}-r{rank}"), "w").close()
     deadline = time.monotonic() + timeout
-    while not all(os.path.exists(os.path.join(directory, f"e{epoch}-r{r}")) for r in range(world)):
+    while not all(os.path.exists(os.path.join(directory, f"{name}-r{r}")) for r in range(world)):
         if time.monotonic() > deadline:
-            sys.exit(f"reader.py: rank {rank}: the other ranks never finished epoch {epoch}")
+            sys.exit(f"reader.py: rank {rank}: the other ranks never reached barrier {name}")
         time.sleep(0.02)
 
 
@@ -193,13 +193,19 @@ def main():
     ap.add_argument("--subdir", default="", help="read only this subdirectory of root")
     ap.add_argument("--stat", action="store_true", help="os.stat each file before reading it")
     ap.add_argument("--barrier", help="ddp: a directory shared by the ranks, for epoch barriers")
+    ap.add_argument("--list", help="the files to read, relative to root, one a line (no walk)")
     a = ap.parse_args()
     rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
     top = os.path.join(a.root, a.subdir) if a.subdir else a.root
-    paths = files_of(top)
+    if a.list:
+        with open(a.list) as f:
+            paths = [os.path.join(a.root, line.strip()) for line in f if line.strip()]
+    else:
+        paths = files_of(top)
     readers = {"read": md5_read, "chunks": md5_chunks, "mmap": md5_mmap, "pread": md5_pread,
                "cat": md5_cat}
     for e in range(a.epochs):
+        counts = None
         rnd = random.Random(a.seed * 1000 + e)
         order = paths[:]
         rnd.shuffle(order)
@@ -219,13 +225,16 @@ def main():
             sums = epoch_loader(top, a.seed * 1000 + e)
         elif a.mode == "ddp":
             sums = epoch_ddp(order, rank, world)
-            if a.barrier:
-                barrier(a.barrier, e + 1, rank, world)
+            if a.barrier:  # the counts after an epoch: the whole job's, taken by rank 0
+                barrier(a.barrier, f"{e + 1}", rank, world)
+                if rank == 0 and a.counts:
+                    with open(a.counts) as f:
+                        counts = json.load(f)
+                barrier(a.barrier, f"{e + 1}-counted", rank, world)
         else:
             sys.exit(f"reader.py: unknown --mode {a.mode}")
         rel = {os.path.relpath(p, a.root): s for p, s in sums.items()}
-        counts = None
-        if a.counts:
+        if a.counts and not (a.mode == "ddp" and a.barrier):
             with open(a.counts) as f:
                 counts = json.load(f)
         print(json.dumps({"epoch": e + 1, "files": rel, "pfs": counts}), flush=True)
