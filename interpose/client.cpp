@@ -1,7 +1,9 @@
 #include "client.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,13 +17,19 @@
 
 namespace monarch {
 
-bool send(JobMap* m, Request type, uint32_t file, const int* fds, int nfds) {
+bool send(JobMap* m, Request type, uint32_t file, const int* fds, int nfds, uint64_t off,
+          uint64_t len) {
   if (!P.addr_len) return false;
   int saved = errno;
   int s = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   bool ok = false;
   if (s >= 0) {
-    Message msg{.type = type, .generation = m->generation(), .file = file, .pid = P.pid.load()};
+    Message msg{.type = type,
+                .generation = m->generation(),
+                .file = file,
+                .pid = P.pid.load(),
+                .off = off,
+                .len = len};
     iovec iov{&msg, sizeof msg};
     msghdr mh{.msg_name = &P.addr, .msg_namelen = P.addr_len, .msg_iov = &iov, .msg_iovlen = 1};
     alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
@@ -39,6 +47,70 @@ bool send(JobMap* m, Request type, uint32_t file, const int* fds, int nfds) {
   }
   errno = saved;
   return ok;
+}
+
+namespace {
+
+constexpr uint64_t kPeerReadWaitNs = 60'000'000'000;
+
+// Waits until `fd` can be read, while the stager lives: false when it died,
+// hangs (its heartbeat stops) or the wait passed kPeerReadWaitNs.
+bool wait_readable(JobMap* m, int fd, uint64_t start) {
+  for (;;) {
+    pollfd p{.fd = fd, .events = POLLIN};
+    int r = poll(&p, 1, 100);
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+    uint64_t now = monotonic_ns();
+    if (!m->stager_alive(now) || now - start > kPeerReadWaitNs) return false;
+  }
+}
+
+// Reads exactly n bytes into buf; false at an early end or an error.
+bool read_exact(JobMap* m, int fd, void* buf, size_t n, uint64_t start) {
+  for (size_t got = 0; got < n;) {
+    if (!wait_readable(m, fd, start)) return false;
+    ssize_t r = real::read(fd, static_cast<char*>(buf) + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    got += size_t(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+ssize_t peer_read(JobMap* m, uint32_t file, uint64_t off, uint64_t len, const iovec* iov, int cnt) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return -2;
+  bool sent = send(m, Request::kPeerRead, file, &sv[1], 1, off, len);
+  real::close(sv[1]);
+  uint64_t start = monotonic_ns();
+  int64_t n = -1;
+  ssize_t result = -2;
+  if (sent && read_exact(m, sv[0], &n, sizeof n, start) && n >= 0 && uint64_t(n) <= len) {
+    // Straight into the caller's vector: a bad buffer is the read's EFAULT.
+    uint64_t left = uint64_t(n);
+    for (int i = 0; i < cnt && left > 0 && result == -2; ++i) {
+      size_t part = size_t(std::min<uint64_t>(left, iov[i].iov_len));
+      size_t got = 0;
+      while (got < part) {
+        if (!wait_readable(m, sv[0], start)) break;
+        ssize_t r = real::read(sv[0], static_cast<char*>(iov[i].iov_base) + got, part - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EFAULT) result = -1;
+        if (r <= 0) break;
+        got += size_t(r);
+      }
+      if (got < part) break;
+      left -= part;
+    }
+    if (result == -2 && left == 0) result = ssize_t(n);
+  }
+  int saved = errno;
+  real::close(sv[0]);
+  errno = saved;
+  return result;
 }
 
 namespace {

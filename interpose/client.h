@@ -5,6 +5,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <cstdint>
 
@@ -14,7 +15,16 @@
 namespace monarch {
 
 // Sends one request; never blocks. `fds` ride along as SCM_RIGHTS.
-bool send(JobMap* m, Request type, uint32_t file, const int* fds = nullptr, int nfds = 0);
+bool send(JobMap* m, Request type, uint32_t file, const int* fds = nullptr, int nfds = 0,
+          uint64_t off = 0, uint64_t len = 0);
+
+// Reads [off, off + len) of `file` into the caller's vector through the
+// stager, from another node of the job (Request::kPeerRead). Returns the
+// bytes read (the file may end first), -1 and errno when the vector is bad
+// (EFAULT, as the kernel says), or -2 when the stager could not (the caller
+// reads the PFS). Waits while the stager lives, never longer than
+// kPeerReadWaitNs.
+ssize_t peer_read(JobMap* m, uint32_t file, uint64_t off, uint64_t len, const iovec* iov, int cnt);
 
 // What the job changed about a file.
 enum class Change : uint8_t {

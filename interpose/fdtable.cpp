@@ -202,6 +202,10 @@ void count_read(FdEntry* e, Source source, ssize_t r, uint64_t ns) {
       add(m, c_mem_reads, 1);
       add(m, c_mem_bytes, r);
       break;
+    case Source::kPeer:
+      add(m, c_peer_served_reads, 1);
+      add(m, c_peer_served_bytes, r);
+      break;
     case Source::kPfs:
       // What the job reads from the PFS lets stage-ahead go as far (the copy
       // of a small file read whole is the reader's own: not counted).

@@ -150,7 +150,7 @@ inline void count_local(FdEntry* e, ssize_t r) {
 }
 
 // How a read was answered, for the counters.
-enum class Source { kLocal, kWhole, kPfs };
+enum class Source { kLocal, kWhole, kPeer, kPfs };
 void count_read(FdEntry* e, Source source, ssize_t r, uint64_t ns = 0);
 
 }  // namespace monarch

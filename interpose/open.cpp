@@ -244,7 +244,10 @@ void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
     reload_map();  // a restarted stager publishes a new map
   }
   bool copies = alive && !m->header().copies_off.load(std::memory_order_relaxed);
-  if (!copies || stream || (s.state != kNone && s.state != kQueued && s.state != kCopying)) {
+  // No room here, in a multi-node job: read.cpp reads it from another node.
+  bool peer = s.state == kNoRoom && m->header().peer_reads.load(std::memory_order_relaxed);
+  if (!copies || stream ||
+      (s.state != kNone && s.state != kQueued && s.state != kCopying && !peer)) {
     e->gave_up = true;  // no copy will serve it: counted, read from the PFS
     // A stream reads the PFS this time (stdio's buffer is not Monarch's to
     // fill), and asks for the copy its next open will find.

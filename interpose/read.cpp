@@ -1,4 +1,6 @@
 // Reads of tracked descriptors (see fdtable.h for the two kinds).
+// (In a multi-node job, a file this node has no room for is read from
+// another node through the stager: client.h, peer_read.)
 //
 // kLocal: native reads of the copy (the wrappers do 63 of 64 inline; the 64th
 // is timed here for the local read rate). Once the job has changed the file,
@@ -130,7 +132,7 @@ bool kernel_refuses(const iovec* iov, int cnt, off_t off, bool positional) {
   return positional && (off < 0 || uint64_t(off) > uint64_t(LLONG_MAX) - sum);
 }
 
-enum class Wait { kCopy, kPartial, kPfs };
+enum class Wait { kCopy, kPartial, kPeer, kPfs };
 
 // Waits until [pos, end) can be read from the file's copy; kPfs when it
 // cannot in time. `tier` and `slot` say where the copy is.
@@ -154,6 +156,9 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
       return Wait::kPfs;
     }
     bool working = s.state == kNone || s.state == kQueued || s.state == kCopying;
+    // No room on this node, in a multi-node job: another node has it.
+    if (s.state == kNoRoom && m->header().peer_reads.load(std::memory_order_relaxed))
+      return Wait::kPeer;
     if (!working) {  // no room, failed, stale: the PFS it is
       e->gave_up = true;
       return Wait::kPfs;
@@ -260,6 +265,12 @@ ssize_t read_pfs_kind(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, 
       uint32_t tier = 0, slot = 0;
       Wait how = wait_copy(e, pos, end, tier, slot);
       if (how == Wait::kPfs) break;
+      if (how == Wait::kPeer) {
+        r = peer_read(m, e->file, pos, want, iov, cnt);
+        if (r >= 0) count_read(e, Source::kPeer, r);
+        if (r == -2) e->gave_up = true;  // the stager could not: the PFS, for good
+        break;
+      }
       r = read_copy(e, how, tier, slot, pos, iov, cnt, want);
       if (how == Wait::kCopy) break;
     }

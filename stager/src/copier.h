@@ -112,10 +112,11 @@ class Copier {
     bool ahead = false;  // from the stage-ahead backlog, counted in ahead_bytes_
     int memfd = -1;      // kData: bytes from a reader
     int tier = -1, slot = -1, src = -1, dst = -1;
-    int peer = -1;         // the node the bytes come from, -1: the PFS (or memfd)
-    bool replica = false;  // made ahead from its home, for this node's readers to come
-    uint32_t copying = 0;  // the state word begin() set, 0 before
-    std::string rel;       // the path begin() read from the map
+    int peer = -1;             // the node the bytes come from, -1: the PFS (or memfd)
+    bool replica = false;      // made ahead from its home, for this node's readers to come
+    bool placed_home = false;  // a file homed here, taken off home_left_
+    uint32_t copying = 0;      // the state word begin() set, 0 before
+    std::string rel;           // the path begin() read from the map
     uint64_t done = 0;
     uint64_t started_ns = 0;
   };
@@ -172,6 +173,8 @@ class Copier {
   // while the tiers have room. Those a home has not copied yet are looked at
   // again, a pass every kReplicaPassNs.
   std::vector<uint32_t> replicas_;
+  // Bytes of files homed here not placed yet: room other nodes' files leave.
+  std::atomic<uint64_t> home_left_{0};
   size_t replicas_next_ = 0;
   bool replicas_deferred_ = false;
   uint64_t replicas_pass_ns_ = 0;

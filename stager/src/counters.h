@@ -10,13 +10,15 @@ namespace monarch {
 // X(name, count, meaning). Entries with count 4 are per node-local tier.
 #define MONARCH_PROCESS_COUNTERS(X)                                                           \
   X(opens, 1, "opens of dataset files by the job (what would reach the PFS without Monarch)") \
-  X(reads, 1, "read calls on dataset files (the sum of the three sources below)")             \
+  X(reads, 1, "read calls on dataset files (the sum of the four sources below)")              \
   X(bytes, 1, "bytes those read calls returned, mapped lengths included (the sum below)")     \
   X(tier_opens, 4, "opens answered from a node-local tier")                                   \
   X(tier_reads, 4, "read calls answered from a node-local tier")                              \
   X(tier_bytes, 4, "bytes answered from a node-local tier")                                   \
   X(mem_reads, 1, "read calls answered from bytes read whole at open")                        \
   X(mem_bytes, 1, "bytes answered from bytes read whole at open")                             \
+  X(peer_served_reads, 1, "read calls answered with bytes another node of the job sent")      \
+  X(peer_served_bytes, 1, "bytes answered with bytes another node of the job sent")           \
   X(pfs_served_reads, 1, "read calls answered by a read of the PFS")                          \
   X(pfs_served_bytes, 1, "bytes answered by a read of the PFS")                               \
   X(pfs_opens, 1, "opens sent to the PFS by the job's processes")                             \
@@ -73,7 +75,7 @@ namespace monarch {
   X(preemptions, "background copies paused for a reader's request")                       \
   X(copies_off, "1 when copying stopped: the dataset's file system is as fast as a tier") \
   X(peer_copies, "files copied from another node of the job")                             \
-  X(peer_bytes, "bytes of those copies, received over the network")                       \
+  X(peer_bytes, "bytes received from other nodes (those copies, and reads passed on)")    \
   X(peer_fallbacks, "copies from another node that went to the PFS instead")              \
   X(served_bytes, "bytes this node sent to the job's other nodes")                        \
   X(peers_failed, "nodes of the job this node stopped asking (dead or unreachable)")      \

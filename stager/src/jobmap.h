@@ -179,6 +179,9 @@ struct Header {
   // training) pull stage-ahead along.
   std::atomic<uint64_t> ahead_touched;
   std::atomic<uint32_t> copies_off;  // the dataset's file system is fast: no copy is worth it
+  // A multi-node job's stager: a file with no room here is read from another
+  // node through it (Request::kPeerRead) rather than from the PFS.
+  std::atomic<uint32_t> peer_reads;
   CopySlot copies[kCopySlots];
 };
 

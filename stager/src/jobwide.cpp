@@ -1,6 +1,8 @@
 #include "jobwide.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -26,6 +28,9 @@ constexpr uint32_t kReplica = 1;  // Request::flags: see PeerSource::read
 // answers kPending: long enough to spare round trips, far within the timeout.
 constexpr uint64_t kLongPollNs = 50'000'000;
 constexpr unsigned kServers = 4;  // requests served at once (each may wait on a copy)
+// How long a reader's bytes from another node may stay pending (the node
+// copies the file from the PFS first) before the reader reads the PFS.
+constexpr uint64_t kPassOnPatienceNs = 30'000'000'000;
 // The walking node answers a request for the index within this, pending
 // while it still walks; the asking node asks again.
 constexpr uint64_t kIndexPollMs = 500;
@@ -78,15 +83,20 @@ std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
       },
       error);
   if (!jw->net_) return nullptr;
-  for (unsigned i = 0; i < kServers; ++i) jw->workers_.emplace_back([self] { self->worker(); });
+  for (unsigned i = 0; i < kServers; ++i) {
+    jw->workers_.emplace_back([self] { self->worker(); });
+    jw->workers_.emplace_back([self] { self->pass_on_worker(); });
+  }
   return jw;
 }
 
 JobWide::~JobWide() {
   stop();
+  net_.reset();
 }
 
 void JobWide::stop() {
+  closing_ = true;
   {
     std::lock_guard lock(mu_);
     if (stopping_ && workers_.empty()) return;
@@ -95,9 +105,10 @@ void JobWide::stop() {
   }
   for (auto& t : workers_) t.join();
   workers_.clear();
-  net_.reset();  // unanswered requests are answered with an error
   std::lock_guard lock(mu_);
-  queue_.clear();
+  queue_.clear();  // their replies, dropped, answer the callers with an error
+  for (const PassOn& p : pass_on_) close(p.fd);  // the readers read the PFS
+  pass_on_.clear();
   map_ = nullptr;
   copier_ = nullptr;
 }
@@ -249,6 +260,66 @@ std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& w
   }
 }
 
+void JobWide::pass_on(uint32_t file, uint64_t off, uint64_t len, int fd) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return void(close(fd));
+  pass_on_.push_back({file, off, len, fd});
+  cv_.notify_all();
+}
+
+void JobWide::pass_on_worker() {
+  for (;;) {
+    PassOn p;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !pass_on_.empty(); });
+      if (stopping_) return;
+      p = pass_on_.front();
+      pass_on_.pop_front();
+    }
+    answer(p);
+    close(p.fd);
+  }
+}
+
+void JobWide::answer(const PassOn& p) {
+  // A reader that stops reading holds a server at most this long.
+  timeval tv{.tv_sec = 10, .tv_usec = 0};
+  setsockopt(p.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  auto send_all = [&](const void* data, size_t n) {
+    for (size_t done = 0; done < n;) {
+      ssize_t w = send(p.fd, static_cast<const char*>(data) + done, n - done, MSG_NOSIGNAL);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      done += size_t(w);
+    }
+    return true;
+  };
+  JobMap* m;
+  {
+    std::lock_guard lock(mu_);
+    m = map_;
+  }
+  int node = m && p.file < m->size() ? home(p.file) : -1;
+  uint64_t size = node >= 0 ? m->entry(p.file).size : 0;
+  int64_t n = node < 0 ? -1 : int64_t(p.off < size ? std::min(p.len, size - p.off) : 0);
+  if (!send_all(&n, sizeof n) || n <= 0) return;
+  // In blocks, each the whole way (the peer answers a block at most), so
+  // that the reader gets every byte it asked for, as from a file.
+  constexpr uint64_t kBlock = 4 << 20;
+  std::vector<char> buf(std::min<uint64_t>(uint64_t(n), kBlock));
+  uint64_t start = now_ns();
+  for (uint64_t done = 0; done < uint64_t(n);) {
+    size_t want = size_t(std::min<uint64_t>(uint64_t(n) - done, kBlock)), got = 0;
+    Got g = read(node, p.file, p.off + done, buf.data(), want, false, got);
+    if (g == Got::kPending && now_ns() - start < kPassOnPatienceNs && !closing_) continue;
+    if (g != Got::kBytes || got == 0) return;  // an early end: the reader reads the PFS
+    counters_[s_peer_bytes].fetch_add(got, std::memory_order_relaxed);
+    if (!send_all(buf.data(), got)) return;
+    done += got;
+  }
+}
+
 int JobWide::home(uint32_t file) {
   JobMap* m;
   {
@@ -271,6 +342,7 @@ void JobWide::fail(int node, const peers::Status& why) {
 PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, size_t len,
                               bool replica, size_t& n) {
   n = 0;
+  if (closing_) return Got::kUnavailable;
   if (node < 0 || size_t(node) >= opt_.nodes.size() || (node < 64 && (failed_.load() >> node & 1)))
     return Got::kFailed;
   JobMap* m;

@@ -66,8 +66,16 @@ class JobWide : public PeerSource {
   // The map is published here: serving starts (the index, when this node
   // walked it; files). Before that, requests wait.
   void serving(JobMap& map, Copier& copier, std::vector<int> tier_fds);
-  // Before the map, its copier or the tier descriptors go away.
+  // Before the map, its copier or the tier descriptors go away: serving
+  // stops, and read() fails at once from then on (the copier's threads may
+  // still call it until it stops). The transport goes with the object.
   void stop();
+
+  // A reader of this node wants [off, off + len) of `file`, for which this
+  // node has no room (Request::kPeerRead): the bytes are fetched from the
+  // file's home and written to `fd` (taken), after their count; -1 when they
+  // cannot be (the reader then reads the PFS). Never blocks the caller.
+  void pass_on(uint32_t file, uint64_t off, uint64_t len, int fd);
 
   int home(uint32_t file) override;
   Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, bool replica,
@@ -80,6 +88,13 @@ class JobWide : public PeerSource {
   void worker();
   void serve(const Request& r, peers::Reply& reply);
   void fail(int node, const peers::Status& why);
+  struct PassOn {
+    uint32_t file;
+    uint64_t off, len;
+    int fd;
+  };
+  void pass_on_worker();
+  void answer(const PassOn& p);
 
   JobWideOptions opt_;
   Homes homes_;
@@ -104,8 +119,10 @@ class JobWide : public PeerSource {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::vector<char>, peers::Reply>> queue_;
+  std::deque<PassOn> pass_on_;
   bool stopping_ = false;
-  JobMap* map_ = nullptr;  // set by serving()
+  std::atomic<bool> closing_{false};  // stop() has begun: no call leaves this node
+  JobMap* map_ = nullptr;             // set by serving()
   Copier* copier_ = nullptr;
   std::vector<int> tier_fds_;
   std::string wire_;  // the index, when this node walked it

@@ -18,12 +18,19 @@ uint64_t Placement::footprint(int t, uint64_t size) const {
   return (size + b - 1) / b * b;
 }
 
-int Placement::reserve(uint64_t size) {
+int Placement::reserve(uint64_t size, uint64_t keep) {
   std::lock_guard lock(mu_);
+  std::vector<uint64_t> room(tiers());
+  uint64_t total = 0;
+  for (int t = 0; t < tiers(); ++t) {
+    if (full_[t] || used_[t] >= tiers_[t].quota) continue;
+    uint64_t free = free_bytes_(t), taken = inflight_[t] + reserve_;
+    room[t] = std::min(tiers_[t].quota - used_[t], free > taken ? free - taken : 0);
+    total += room[t];
+  }
   for (int t = 0; t < tiers(); ++t) {
     uint64_t need = footprint(t, size);
-    if (full_[t] || used_[t] + need > tiers_[t].quota) continue;
-    if (free_bytes_(t) < inflight_[t] + need + reserve_) continue;
+    if (room[t] < need || total - need < keep) continue;
     used_[t] += need;
     inflight_[t] += need;
     return t;

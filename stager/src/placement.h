@@ -26,8 +26,11 @@ class Placement {
   uint64_t footprint(int t, uint64_t size) const;
 
   // Reserves room for a file of `size` bytes on the first tier with room and
-  // returns the tier, or -1. All calls are thread-safe; sizes are file sizes.
-  int reserve(uint64_t size);
+  // returns the tier, or -1. `keep`: bytes the tiers together must still have
+  // room for afterwards (a multi-node job's files homed here, not placed
+  // yet, before any other node's). All calls are thread-safe; sizes are
+  // file sizes.
+  int reserve(uint64_t size, uint64_t keep = 0);
   // The copy is complete: its blocks now show in the file system's free space.
   void written(int tier, uint64_t size);
   // The copy was abandoned: its reservation is returned.

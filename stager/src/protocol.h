@@ -1,6 +1,7 @@
 // Messages from the processes of a job to their stager: one fixed-size
 // datagram each, on the Unix socket <job dir>/ctl.sock. Senders never wait for
-// an answer: the answer is the file's state word in the job map.
+// an answer: the answer is the file's state word in the job map (kPeerRead
+// alone is answered, on a stream socket of its own).
 #pragma once
 
 #include <cstdint>
@@ -8,12 +9,15 @@
 namespace monarch {
 
 enum class Request : uint32_t {
-  kPlace = 1,    // copy this file soon: a reader is reading it now
-  kData = 2,     // the file's bytes, read whole: SCM_RIGHTS carries exactly two descriptors,
-                 // a memfd with the bytes and the reader's own descriptor of the PFS file
-                 // they were read from (the proof of where they come from)
-  kStale = 3,    // the PFS file no longer matches the index, or the job opened it to write
-  kRelease = 4,  // a claim (kClaimed) was given up: the file is free to copy
+  kPlace = 1,     // copy this file soon: a reader is reading it now
+  kData = 2,      // the file's bytes, read whole: SCM_RIGHTS carries exactly two descriptors,
+                  // a memfd with the bytes and the reader's own descriptor of the PFS file
+                  // they were read from (the proof of where they come from)
+  kStale = 3,     // the PFS file no longer matches the index, or the job opened it to write
+  kRelease = 4,   // a claim (kClaimed) was given up: the file is free to copy
+  kPeerRead = 5,  // a multi-node job, no room here for the file: read [off, off + len) of it
+                  // from another node and answer on the stream socket SCM_RIGHTS carries
+                  // (exactly one): an int64 n, then n bytes (n < 0: read the PFS)
 };
 
 struct Message {
@@ -22,6 +26,7 @@ struct Message {
   uint64_t generation;  // of the job map the sender uses; others are ignored
   uint32_t file;
   int32_t pid;
+  uint64_t off = 0, len = 0;                             // kPeerRead
   static constexpr uint32_t kMessageMagic = 0x4d4f4e31;  // "MON1"
 };
 

@@ -380,6 +380,7 @@ struct Stager {
         // Alive from the moment readers can see the map: a reader that opens
         // a file then may wait for its copy.
         m.header().stager_pid = getpid();
+        m.header().peer_reads = jobwide ? 1 : 0;
         m.header().heartbeat_ns = monotonic_ns();
       });
     } catch (const std::runtime_error& e) {
@@ -459,6 +460,10 @@ struct Stager {
                 m.file < map.map().size();
       if (ok && m.type == Request::kData && fds.size() == 2) {
         copier->data(m.file, fds[0], fds[1]);  // takes both
+        continue;
+      }
+      if (ok && m.type == Request::kPeerRead && fds.size() == 1 && jobwide) {
+        jobwide->pass_on(m.file, m.off, m.len, fds[0]);  // takes it
         continue;
       }
       for (int fd : fds) close(fd);

@@ -77,8 +77,8 @@ Stats::Snapshot Stats::take(uint64_t now_ns) const {
     for (int c = 0; c < kNumCounters; ++c) s.p[c] += slot.c[c].load(std::memory_order_relaxed);
   }
   for (int c = 0; c < kNumStagerCounters; ++c) s.s[c] = stager_[c].load(std::memory_order_relaxed);
-  s.p[c_reads] = s.p[c_mem_reads] + s.p[c_pfs_served_reads];
-  s.p[c_bytes] = s.p[c_mem_bytes] + s.p[c_pfs_served_bytes];
+  s.p[c_reads] = s.p[c_mem_reads] + s.p[c_peer_served_reads] + s.p[c_pfs_served_reads];
+  s.p[c_bytes] = s.p[c_mem_bytes] + s.p[c_peer_served_bytes] + s.p[c_pfs_served_bytes];
   for (int t = 0; t < kMapTiers; ++t) {
     s.p[c_reads] += s.p[c_tier_reads + t];
     s.p[c_bytes] += s.p[c_tier_bytes + t];

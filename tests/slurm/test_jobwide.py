@@ -161,6 +161,37 @@ class JobWide(st.SlurmTest):
         for host, s in stats.items():
             self.assertEqual(s["complete"], host != st.MULTI[1], host)
 
+    def test_each_node_holds_40_percent(self):
+        """Tiers of 40% of the dataset a node: the job's nodes hold it all
+        between them (homes a third each), quotas hold, bytes are right."""
+        # The first tier (4M) holds the job map and the statistics' reserve,
+        # and little room besides: the second holds the node's 40%. Plain
+        # directories: a file system image that small would lose a share of
+        # its quota to its own metadata.
+        lines = ["job_space = directory"]
+        for line in st.read(st.CONFIG).splitlines():
+            if line.strip() == "quota = 256M":
+                line = f"quota = {int(0.4 * self.size)}"
+            lines.append(line)
+        conf = os.path.join(st.ROOT, "forty.conf")
+        with open(conf, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.chmod(conf, 0o644)
+        with st.plugstack_args(f"config={conf}"):
+            epochs, before, job, work = self.run_job("forty")
+        stats = self.reports(job, work)
+        counts = [before] + [epochs[e]["pfs"] for e in (1, 2, 3)]
+        per_epoch = [counts[i + 1]["bytes"] - counts[i]["bytes"] for i in range(3)]
+        print(f"40% a node: PFS per epoch {[round(b / self.size, 3) for b in per_epoch]} "
+              f"of the dataset")
+        for host, s in stats.items():
+            self.assertLessEqual(s["tiers"][1]["used"], s["tiers"][1]["quota"], host)
+        self.assertGreaterEqual(sum(s["cached"]["bytes"] for s in stats.values()), self.size,
+                                "the nodes hold the dataset between them")
+        # What no node had room for came from the node that had it.
+        self.assertLessEqual(sum(per_epoch), 1.02 * self.size, "a file left the PFS twice")
+        self.assertGreater(sum(s["totals"]["peer_served_bytes"] for s in stats.values()), 0)
+
     def test_job_wide_no_keeps_each_node_on_its_own(self):
         conf = st.config_variant("per-node", general={"job_wide": "no"})
         with st.plugstack_args(f"config={conf}"):

@@ -7,18 +7,20 @@ namespace {
 
 TEST(Placement, FillsTopDownWithoutEviction) {
   uint64_t free_space[2] = {1 << 30, 1 << 30};
-  Placement p({{10000, 1000}, {5000, 1000}}, [&](int t) { return free_space[t]; }, 0);
+  Placement p(
+      {{10000, 1000}, {5000, 1000}}, [&](int t) { return free_space[t]; }, 0);
   EXPECT_EQ(p.reserve(4000), 0);
   EXPECT_EQ(p.reserve(4000), 0);
-  EXPECT_EQ(p.reserve(4000), 1);  // tier 0 would exceed its quota: next tier
-  EXPECT_EQ(p.reserve(1500), 0);  // a smaller file still fits on tier 0 (2000 of 10000 left)
+  EXPECT_EQ(p.reserve(4000), 1);   // tier 0 would exceed its quota: next tier
+  EXPECT_EQ(p.reserve(1500), 0);   // a smaller file still fits on tier 0 (2000 of 10000 left)
   EXPECT_EQ(p.reserve(1500), -1);  // neither: nothing is evicted
   EXPECT_EQ(p.used(0), 10000u);
   EXPECT_EQ(p.used(1), 4000u);
 }
 
 TEST(Placement, CountsWholeBlocks) {
-  Placement p({{8192, 4096}}, [](int) { return 1ull << 30; }, 0);
+  Placement p(
+      {{8192, 4096}}, [](int) { return 1ull << 30; }, 0);
   EXPECT_EQ(p.footprint(0, 1), 4096u);
   EXPECT_EQ(p.footprint(0, 0), 0u);
   EXPECT_EQ(p.reserve(1), 0);
@@ -28,7 +30,8 @@ TEST(Placement, CountsWholeBlocks) {
 
 TEST(Placement, RespectsRealFreeSpaceAndInflightCopies) {
   uint64_t free_space = 10000;
-  Placement p({{1 << 30, 1}}, [&](int) { return free_space; }, 1000);
+  Placement p(
+      {{1 << 30, 1}}, [&](int) { return free_space; }, 1000);
   EXPECT_EQ(p.reserve(5000), 0);   // 5000 + 1000 reserve <= 10000
   EXPECT_EQ(p.reserve(4500), -1);  // 5000 in flight + 4500 + 1000 > 10000
   p.written(0, 5000);              // now on disk: the file system shows it
@@ -42,10 +45,27 @@ TEST(Placement, RespectsRealFreeSpaceAndInflightCopies) {
 }
 
 TEST(Placement, AdoptedCopiesCount) {
-  Placement p({{1000, 1}}, [](int) { return 1ull << 30; }, 0);
+  Placement p(
+      {{1000, 1}}, [](int) { return 1ull << 30; }, 0);
   p.adopt(0, 800);
   EXPECT_EQ(p.reserve(300), -1);
   EXPECT_EQ(p.reserve(200), 0);
+}
+
+}  // namespace
+}  // namespace monarch
+
+namespace monarch {
+namespace {
+
+TEST(Placement, KeepsRoomForTheFilesHomedHere) {
+  Placement p(
+      {{10000, 1000}, {5000, 1000}}, [](int) { return 1ull << 30; }, 0);
+  EXPECT_EQ(p.reserve(4000, 9000), 0);   // 15000 of room: 11000 left, 9000 kept
+  EXPECT_EQ(p.reserve(3000, 9000), -1);  // 8000 would be left
+  EXPECT_EQ(p.reserve(6000), 0);         // a file homed here takes the kept room
+  EXPECT_EQ(p.reserve(1000, 5000), -1);
+  EXPECT_EQ(p.reserve(1000, 4000), 1);
 }
 
 }  // namespace
