@@ -174,12 +174,15 @@ StepPlan plan_step(spank_t sp, uint32_t job) {
                  .timeout_s = plan.config.start_timeout_s,
                  .setup = {.limits = job_limits(sp), .umask = plan.record.umask}};
   plan.launch.env.push_back("SLURM_JOB_ID=" + std::to_string(job));
-  // A multi-node job: its nodes, port and key, for one cache (jobwide.h). The
-  // stager finds itself in the list by its host name.
+  // A multi-node job: its nodes, port and key, for one cache (jobwide.h).
   std::string nodes = get_env(sp, "SLURM_JOB_NODELIST"), key = get_env(sp, kEnvJobKey);
   if (plan.config.job_wide && nodes.find_first_of(",[") != std::string::npos) {
     plan.launch.args.insert(plan.launch.args.end(), {"--nodes", nodes, "--peer-port",
                                                      std::to_string(peer_port(plan.config, job))});
+    // Slurm's name of this node, when the step has it (else the stager
+    // takes its short host name).
+    if (std::string self = get_env(sp, "SLURMD_NODENAME"); !self.empty())
+      plan.launch.args.insert(plan.launch.args.end(), {"--node", self});
     if (!key.empty()) plan.launch.env.push_back(std::string(kEnvJobKey) + "=" + key);
   }
   return plan;

@@ -312,8 +312,9 @@ bool Copier::next_replica(Job& job) {
   while (replicas_next_ < replicas_.size()) {
     uint32_t f = replicas_[replicas_next_++];
     uint32_t s = map_.entry(f).state.load();
+    if (state_of(s) != kNone) continue;  // here, under way, or no room
     int home = opt_.peers->home(f);
-    if (home < 0 || state_of(s) != kNone) continue;  // re-homed here, or under way already
+    if (home < 0) continue;  // re-homed here: a reader's request copies it
     if (!set_state(f, s, make_state(kQueued, 0, coarse_now()))) continue;
     job = Job{.file = f, .peer = home, .replica = true};
     return true;
@@ -334,10 +335,11 @@ ssize_t Copier::read_peer(Job& job, char* buf, size_t len, Outcome& fallback) {
     // A replica a reader has asked for meanwhile is the reader's copy now.
     if (job.replica && boost_[job.slot]) job.replica = false, job.urgent = true;
     PeerSource::Got got = opt_.peers->read(job.peer, job.file, job.done, buf, len, job.replica, n);
-    if (got == PeerSource::Got::kBytes) {
+    if (got == PeerSource::Got::kBytes && n > 0) {
       count(s_peer_bytes, n);
       return ssize_t(n);
     }
+    if (got == PeerSource::Got::kBytes) got = PeerSource::Got::kUnavailable;  // short: the PFS
     if (got != PeerSource::Got::kPending || monotonic_ns() - start > kPeerPatienceNs) {
       if (job.replica) {  // never from the PFS: left for a later pass or a reader
         std::lock_guard lock(mu_);

@@ -36,21 +36,17 @@ Homes::Homes(std::vector<Node> nodes) : nodes_(std::move(nodes)) {
   }
 }
 
-int Homes::home(std::string_view path, uint64_t excluded) const {
-  uint64_t h = fnv1a(path);
-  int best = -1;
-  double best_score = 0;
-  for (int i = 0; i < int(nodes_.size()); ++i) {
-    if (i < 64 && (excluded >> i & 1)) continue;
-    // A uniform u in (0, 1) from the pair; -w / ln(u) has the distribution
-    // under which the largest of several picks node i with probability
-    // w_i / sum(w) (Schindelhauer and Schomaker's weighted rendezvous).
-    uint64_t r = mix(h ^ seeds_[i]);
-    double u = (double(r >> 11) + 0.5) * 0x1p-53;
-    double score = -nodes_[i].weight / std::log(u);
-    if (best < 0 || score > best_score) best = i, best_score = score;
-  }
-  return best;
+uint64_t Homes::hash(std::string_view s) {
+  return fnv1a(s);
+}
+
+double Homes::score(uint64_t path_hash, int node) const {
+  // A uniform u in (0, 1) from the pair; -w / ln(u) has the distribution
+  // under which the largest of several picks node i with probability
+  // w_i / sum(w) (Schindelhauer and Schomaker's weighted rendezvous).
+  uint64_t r = mix(path_hash ^ seeds_[node]);
+  double u = (double(r >> 11) + 0.5) * 0x1p-53;
+  return -nodes_[node].weight / std::log(u);
 }
 
 }  // namespace monarch

@@ -32,14 +32,32 @@ class Homes {
   const Node& node(int i) const { return nodes_[i]; }
 
   // The home of the file at `path` (relative to the dataset root): an index
-  // into the node list. `excluded`: a bit per node that must not be the home
-  // (failed peers); -1 when every node is excluded. Nodes past 64 are never
-  // excluded.
-  int home(std::string_view path, uint64_t excluded = 0) const;
+  // into the node list. `excluded(i)`: node i must not be the home (a failed
+  // peer); -1 when every node is excluded.
+  template <typename Excluded>
+  int home(std::string_view path, Excluded excluded) const;
+  int home(std::string_view path) const {
+    return home(path, [](int) { return false; });
+  }
 
  private:
   std::vector<Node> nodes_;
   std::vector<uint64_t> seeds_;  // a hash of each node's name
+  static uint64_t hash(std::string_view s);
+  double score(uint64_t path_hash, int node) const;
 };
+
+template <typename Excluded>
+int Homes::home(std::string_view path, Excluded excluded) const {
+  uint64_t h = hash(path);
+  int best = -1;
+  double best_score = 0;
+  for (int i = 0; i < int(nodes_.size()); ++i) {
+    if (excluded(i)) continue;
+    double s = score(h, i);
+    if (best < 0 || s > best_score) best = i, best_score = s;
+  }
+  return best;
+}
 
 }  // namespace monarch

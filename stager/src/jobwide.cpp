@@ -27,7 +27,8 @@ constexpr uint32_t kReplica = 1;  // Request::flags: see PeerSource::read
 // A server waits this long for a copy to reach the bytes asked for before it
 // answers kPending: long enough to spare round trips, far within the timeout.
 constexpr uint64_t kLongPollNs = 50'000'000;
-constexpr unsigned kServers = 4;  // requests served at once (each may wait on a copy)
+constexpr unsigned kServers = 4;    // requests served at once (each may wait on a copy)
+constexpr size_t kMaxQueued = 256;  // requests waiting for a server
 // How long a reader's bytes from another node may stay pending (the node
 // copies the file from the PFS first) before the reader reads the PFS.
 constexpr uint64_t kPassOnPatienceNs = 30'000'000'000;
@@ -59,7 +60,8 @@ JobWide::JobWide(JobWideOptions options, std::atomic<uint64_t>* counters)
         for (const std::string& n : opt_.nodes) nodes.push_back({n, 1.0});
         return nodes;
       }()),
-      counters_(counters) {}
+      counters_(counters),
+      peers_(new Peer[opt_.nodes.size()]) {}
 
 std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
                                         std::atomic<uint64_t>* stager_counters,
@@ -126,6 +128,8 @@ void JobWide::serving(JobMap& map, Copier& copier, std::vector<int> tier_fds) {
 void JobWide::handle(std::vector<char> request, peers::Reply reply) {
   std::lock_guard lock(mu_);
   if (stopping_) return;  // the reply, dropped, says so
+  // Bounded: past it the caller asks again (its own deadline passes meanwhile).
+  if (queue_.size() >= kMaxQueued) return reply.send({kPending});
   queue_.emplace_back(std::move(request), std::move(reply));
   cv_.notify_all();
 }
@@ -190,8 +194,11 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
       if (!(r.flags & kReplica)) m.touch(r.file);
     } else if (s.state == kCopying && s.tier < tier_fds.size()) {
       slot = m.copy_slot(s.aux);
+      // Never the file's last bytes from a copy under way: the home checks
+      // its copy against the PFS only at the end, and a node that had them
+      // all could finish a copy of a file the PFS changed meanwhile.
       if (slot && slot->file.load() == r.file + 1) {
-        if (slot->progress.load() >= end)
+        if (slot->progress.load() >= end && end < e.size)
           named = partial_name(m, r.file, name, sizeof name);
         else if (now_ns() - slot->progress_ns.load() > opt_.stall_ns)
           return reply.send({kUnavailable});  // the copy here is stuck: the PFS
@@ -327,13 +334,12 @@ int JobWide::home(uint32_t file) {
     m = map_;
   }
   if (!m || file >= m->size()) return -1;
-  int h = homes_.home(m->path(file), failed_.load(std::memory_order_relaxed));
+  int h = homes_.home(m->path(file), [this](int n) { return peers_[n].failed.load(); });
   return h == opt_.self || h < 0 ? -1 : h;
 }
 
 void JobWide::fail(int node, const peers::Status& why) {
-  uint64_t bit = node < 64 ? 1ull << node : 0;
-  if (!bit || (failed_.fetch_or(bit) & bit)) return;
+  if (peers_[node].failed.exchange(true)) return;
   counters_[s_peers_failed].fetch_add(1);
   spdlog::warn("node {} of the job failed ({}: {}): its files come from the PFS or other nodes",
                opt_.nodes[node], peers::to_string(why.code), why.text);
@@ -343,7 +349,7 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
                               bool replica, size_t& n) {
   n = 0;
   if (closing_) return Got::kUnavailable;
-  if (node < 0 || size_t(node) >= opt_.nodes.size() || (node < 64 && (failed_.load() >> node & 1)))
+  if (node < 0 || size_t(node) >= opt_.nodes.size() || peers_[node].failed.load())
     return Got::kFailed;
   JobMap* m;
   {
@@ -351,10 +357,10 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
     m = map_;
   }
   if (!m || file >= m->size()) return Got::kUnavailable;
-  size_t i = std::min<size_t>(node, kMaxSilent - 1);
+  Peer& peer = peers_[node];
   // Not up yet: its files come from the PFS meanwhile (a replica waits).
   Got later = replica ? Got::kNotYet : Got::kUnavailable;
-  if (down_until_[i].load() > now_ns()) return later;
+  if (peer.down_until.load() > now_ns()) return later;
   const Entry& e = m->entry(file);
   Request r{.type = kFetch,
             .file = file,
@@ -372,18 +378,18 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   peers::Status st =
       net_->call(opt_.nodes[node], opt_.port,
                  std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply, int(call_ms));
-  std::atomic<uint64_t>& silent = silent_since_[i];
-  if (st.code == peers::Code::unreachable && !answered_[i].load()) {
+  std::atomic<uint64_t>& silent = peer.silent_since;
+  if (st.code == peers::Code::unreachable && !peer.answered.load()) {
     // Never answered: its stager is not up yet (the job's steps reach nodes
     // one after the other), not dead. Given up on only if it never comes up.
-    uint64_t now = now_ns(), first = first_try_[i].load();
-    if (!first) first_try_[i].compare_exchange_strong(first, now), first = first ? first : now;
+    uint64_t now = now_ns(), first = peer.first_try.load();
+    if (!first) peer.first_try.compare_exchange_strong(first, now), first = first ? first : now;
     if (now - first < kNotUpWaitNs) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       return replica ? Got::kNotYet : Got::kPending;
     }
     if (now - first < uint64_t(opt_.index_wait_ms) * 1'000'000) {
-      down_until_[i].store(now + kNotUpRetryNs);
+      peer.down_until.store(now + kNotUpRetryNs);
       return later;
     }
   }
@@ -395,7 +401,7 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
     return Got::kFailed;
   }
   silent.store(0);
-  if (st.ok()) answered_[i].store(true);
+  if (st.ok()) peer.answered.store(true);
   if (!st.ok()) {
     if (st.code == peers::Code::error) return Got::kUnavailable;  // that request, not the node
     fail(node, st);

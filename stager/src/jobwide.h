@@ -100,15 +100,15 @@ class JobWide : public PeerSource {
   Homes homes_;
   std::atomic<uint64_t>* counters_;
   std::unique_ptr<peers::Peers> net_;
-  std::atomic<uint64_t> failed_{0};  // a bit per node (the first 64)
-  // Per node (the first 64): since when it has answered no call (0: it
-  // answers); whether it ever answered; until when it is taken as not up
-  // yet (its stager starts with the job's first step there).
-  static constexpr size_t kMaxSilent = 64;
-  std::atomic<uint64_t> silent_since_[kMaxSilent] = {};
-  std::atomic<bool> answered_[kMaxSilent] = {};
-  std::atomic<uint64_t> down_until_[kMaxSilent] = {};
-  std::atomic<uint64_t> first_try_[kMaxSilent] = {};
+  // What this node knows of each other node: given up on; since when it has
+  // answered no call (0: it answers); whether it ever answered; until when
+  // it is taken as not up yet (its stager starts with the job's first step
+  // there); when it was first tried.
+  struct Peer {
+    std::atomic<bool> failed{false}, answered{false};
+    std::atomic<uint64_t> silent_since{0}, down_until{0}, first_try{0};
+  };
+  std::unique_ptr<Peer[]> peers_;
   // A node that does not listen yet: its files are waited for this long from
   // the first try (the steps of one srun start on all nodes within about a
   // second), then read from the PFS, the node asked again only every

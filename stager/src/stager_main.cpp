@@ -341,7 +341,12 @@ struct Stager {
         }
       }
       counters[s_index_received] = 0;
-      spdlog::warn("walking the dataset here: {}", why);
+      // Files are named by their place in the one index: a node with an
+      // index of its own (the dataset may have changed since) leaves the
+      // job's cache and caches alone.
+      spdlog::warn("walking the dataset here, caching on this node alone: {}", why);
+      jobwide->stop();
+      jobwide.reset();
     }
     return build_index(io, index_stats, publish);
   }

@@ -1,9 +1,9 @@
 """Multi-node jobs (issue 9) on the namespaced nodes of the test cluster
 (partition "multi", st.MULTI): each node has its own hostname, address,
 /etc/hosts, PID namespace and node-local tiers, and sees the emulated PFS
-mounted after the cluster started. Today each node of a job stages on its
-own: every node reads correct bytes from its own tiers, writes its own
-report, and its epilog cleans that node (and no other)."""
+mounted after the cluster started. Every node of a job reads correct bytes
+from its own tiers, writes its own report, and its epilog cleans that node
+(and no other). (How the nodes share one cache: test_jobwide.py.)"""
 import ipaddress
 import json
 import os

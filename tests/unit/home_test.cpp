@@ -35,7 +35,7 @@ TEST(Homes, AFailedNodeMovesOnlyItsOwnFiles) {
   int moved = 0;
   std::map<int, int> to;
   for (int i = 0; i < 40000; ++i) {
-    int before = h.home(file(i)), after = h.home(file(i), 1u << 2);
+    int before = h.home(file(i)), after = h.home(file(i), [](int n) { return n == 2; });
     ASSERT_NE(after, 2);
     if (before != 2) {
       ASSERT_EQ(before, after) << file(i) << " moved though its home did not fail";
@@ -49,14 +49,15 @@ TEST(Homes, AFailedNodeMovesOnlyItsOwnFiles) {
   // A node missing from the list homes the same files as one excluded.
   Homes without({{"n1", 1}, {"n2", 1}, {"n4", 1}});
   for (int i = 0; i < 5000; ++i)
-    ASSERT_EQ(without.node(without.home(file(i))).name, h.node(h.home(file(i), 1u << 2)).name);
+    ASSERT_EQ(without.node(without.home(file(i))).name,
+              h.node(h.home(file(i), [](int n) { return n == 2; })).name);
 }
 
 TEST(Homes, EveryNodeExcludedIsNoHome) {
   Homes h({{"a", 1}, {"b", 1}});
-  EXPECT_EQ(h.home("x", 3), -1);
-  EXPECT_EQ(h.home("x", 1), 1);
-  EXPECT_EQ(h.home("x", 2), 0);
+  EXPECT_EQ(h.home("x", [](int) { return true; }), -1);
+  EXPECT_EQ(h.home("x", [](int n) { return n == 0; }), 1);
+  EXPECT_EQ(h.home("x", [](int n) { return n == 1; }), 0);
 }
 
 TEST(Homes, BadNodesSayWhich) {
