@@ -189,6 +189,9 @@ Traffic traffic(const pt::ptree& c) {
   t.stager_copied = t.stager_pfs_bytes + num(c, skey(s_handoff_bytes));
   t.local_reads = sum(c, pkey(c_tier_reads));
   t.local_bytes = sum(c, pkey(c_tier_bytes));
+  t.peer_sent = num(c, skey(s_served_bytes));
+  t.peer_received = num(c, skey(s_peer_bytes));
+  t.peers_failed = num(c, skey(s_peers_failed));
   return t;
 }
 

@@ -32,6 +32,9 @@ struct Traffic {
   double stager_pfs_bytes = 0;  // of which the stager's (its opens and reads: the difference)
   double stager_copied = 0;     // bytes the stager cached from the PFS (read + handed off)
   double local_reads = 0, local_bytes = 0;  // answered from node-local tiers (tier_*)
+  // A multi-node job's cache: bytes this node sent the others, received from
+  // them (copies and reads passed on), nodes it gave up on.
+  double peer_sent = 0, peer_received = 0, peers_failed = 0;
   double hit() const { return bytes > 0 ? local_bytes / bytes : 0; }
   double read_hit() const { return reads > 0 ? local_reads / reads : 0; }
 };
@@ -138,6 +141,10 @@ Figures figures(const std::string& json);
 
 // The short text summary. Throws ReportError.
 std::string summary_text(const std::string& json);
+// The summary of a job of several nodes, from each node's statistics or
+// report: the whole job's PFS traffic, what the nodes sent each other, the
+// slowest node, the nodes whose stager did not finish. Throws ReportError.
+std::string job_summary_text(const std::vector<std::string>& jsons);
 // The report JSON (schema monarch-report/1), one line. Throws ReportError.
 std::string report_json(const std::string& json);
 // The picture: bytes/s per source over time, epochs, cached fraction (SVG).

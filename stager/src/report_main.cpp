@@ -205,6 +205,15 @@ int run(const std::vector<std::string>& args) {
   if (m.mode == Mode::kSvg && files.size() > 1)
     throw Failure{args.back(), "reports from " + std::to_string(files.size()) +
                                    " nodes: name one of " + files[0] + "..."};
+  if (m.mode == Mode::kSummary && files.size() > 1) {  // a job of several nodes: the job first
+    std::vector<std::string> texts;
+    for (const std::string& f : files) texts.push_back(read_file(f));
+    try {
+      std::cout << monarch::job_summary_text(texts) << "\n";
+    } catch (const monarch::ReportError& e) {
+      throw Failure{args.back(), e.what()};
+    }
+  }
   for (size_t i = 0; i < files.size(); ++i) {
     std::string text = read_file(files[i]);
     try {

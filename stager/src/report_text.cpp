@@ -113,6 +113,44 @@ std::string capacity_line(const Verdict& v) {
 
 }  // namespace
 
+std::string job_summary_text(const std::vector<std::string>& jsons) {
+  std::vector<Figures> nodes;
+  for (const std::string& j : jsons) nodes.push_back(figures(j));
+  double pfs = 0, job_pfs = 0, sent = 0, received = 0, dataset = 0;
+  const Figures* slowest = nullptr;
+  std::string unfinished, gave_up;
+  for (const Figures& f : nodes) {
+    pfs += f.total.pfs_bytes;
+    job_pfs += f.total.job_pfs_bytes;
+    sent += f.total.peer_sent;
+    received += f.total.peer_received;
+    dataset = std::max(dataset, f.dataset_bytes);
+    if (!slowest || f.elapsed_s > slowest->elapsed_s) slowest = &f;
+    if (!f.complete) unfinished += (unfinished.empty() ? "" : ", ") + f.host;
+    if (f.total.peers_failed > 0)
+      gave_up += (gave_up.empty() ? "" : ", ") + f.host + " (" + count(f.total.peers_failed) + ")";
+  }
+  std::ostringstream o;
+  o << "monarch: " << nodes[0].title << " on " << nodes.size() << " nodes, dataset "
+    << nodes[0].dataset << " (" << human_bytes(dataset) << ")\n";
+  o << "  PFS traffic of the whole job: " << human_bytes(pfs) << " ("
+    << fmt("%.2f", dataset > 0 ? pfs / dataset : 0) << "x the dataset; the readers "
+    << human_bytes(job_pfs) << ", the stagers' copies " << human_bytes(pfs - job_pfs) << ")\n";
+  o << "  between the nodes: " << human_bytes(sent) << " sent, " << human_bytes(received)
+    << " received\n";
+  for (const Figures& f : nodes)
+    o << "    " << f.host << ": sent " << human_bytes(f.total.peer_sent) << ", received "
+      << human_bytes(f.total.peer_received) << ", PFS " << human_bytes(f.total.pfs_bytes) << ", "
+      << fmt("%.1f", f.elapsed_s) << " s\n";
+  o << "  slowest node: " << slowest->host << " (" << fmt("%.1f", slowest->elapsed_s) << " s)\n";
+  if (!gave_up.empty())
+    o << "  nodes that gave another node up (dead, hung or unreachable): " << gave_up << "\n";
+  if (!unfinished.empty())
+    o << "  stagers that did not finish (killed; their figures stop at their last flush): "
+      << unfinished << "\n";
+  return o.str();
+}
+
 std::string summary_text(const std::string& json) {
   Figures f = figures(json);
   std::ostringstream o;

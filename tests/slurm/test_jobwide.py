@@ -109,6 +109,12 @@ class JobWide(st.SlurmTest):
                   t["fb_no_stager"])
         return out
 
+    def job_summary(self, job, work):
+        r = st.run_as(USER, [st.REPORT, str(job)], cwd=work)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        print(r.stdout.split("\n\n")[0])
+        return r.stdout.split("\n\n")[0]
+
     def test_one_cache_for_the_job(self):
         epochs, before, job, work = self.run_job("jobwide")
         counts = [before] + [epochs[e]["pfs"] for e in (1, 2, 3)]
@@ -135,6 +141,11 @@ class JobWide(st.SlurmTest):
         self.assertGreater(fetched, self.size, "nodes read files homed elsewhere from their home")
         for host, s in stats.items():
             self.assertEqual(s["totals"]["stager"]["peers_failed"], 0, host)
+        # monarch-report JOBID: the job first, from every node's report.
+        summary = self.job_summary(job, work)
+        self.assertIn("on 3 nodes", summary)
+        self.assertRegex(summary, r"PFS traffic of the whole job: .* \(1\.0[0-2]x the dataset")
+        self.assertNotIn("did not finish", summary)
 
     def test_a_stager_killed_in_epoch_2(self):
         killed = []
@@ -160,6 +171,8 @@ class JobWide(st.SlurmTest):
         # are complete (they gave the node up if they still needed it).
         for host, s in stats.items():
             self.assertEqual(s["complete"], host != st.MULTI[1], host)
+        summary = self.job_summary(job, work)
+        self.assertRegex(summary, rf"stagers that did not finish .*: {st.MULTI[1]}\n")
 
     def test_each_node_holds_40_percent(self):
         """Tiers of 40% of the dataset a node: the job's nodes hold it all
