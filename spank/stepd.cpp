@@ -249,6 +249,7 @@ void clear_task_env(spank_t sp) {
   }
   spank_unsetenv(sp, "MONARCH_DATASET");
   spank_unsetenv(sp, "MONARCH_JOB_DIR");
+  spank_unsetenv(sp, kEnvJobKey);  // no stager of this step to share it with
 }
 
 // Monarch off for this step: one log line, the environment taken back.
