@@ -32,6 +32,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 CHUNK = 256 << 10
 
@@ -173,7 +174,6 @@ def epoch_ddp(order, rank, world):
 
 
 def barrier(directory, name, rank, world, timeout=600):
-    import time
     open(os.path.join(directory, f"{name}-r{rank}"), "w").close()
     deadline = time.monotonic() + timeout
     while not all(os.path.exists(os.path.join(directory, f"{name}-r{r}")) for r in range(world)):
@@ -237,7 +237,8 @@ def main():
         if a.counts and not (a.mode == "ddp" and a.barrier):
             with open(a.counts) as f:
                 counts = json.load(f)
-        print(json.dumps({"epoch": e + 1, "files": rel, "pfs": counts}), flush=True)
+        print(json.dumps({"epoch": e + 1, "files": rel, "pfs": counts, "time": time.time()}),
+              flush=True)
 
 
 if __name__ == "__main__":
