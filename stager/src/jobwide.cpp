@@ -79,7 +79,7 @@ std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
   }
   JobWide* self = jw.get();
   jw->net_ = peers::Peers::start(
-      jw->opt_.address, jw->opt_.port, jw->opt_.key,
+      jw->opt_.address, jw->opt_.port, jw->opt_.key, jw->opt_.nodes[jw->opt_.self],
       [self](std::vector<char> request, peers::Reply reply) {
         self->handle(std::move(request), std::move(reply));
       },

@@ -2,12 +2,18 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -40,32 +46,64 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Wire format, two active messages. A request's header is RequestHeader then
-// the key; its payload the request bytes. An answer's header is AnswerHeader;
-// its payload the reply bytes, or the error text.
-constexpr unsigned kRequestAm = 1;
-constexpr unsigned kAnswerAm = 2;
-constexpr uint32_t kMagic = 0x4d4e5031;  // "MNP1"
-constexpr size_t kMaxKey = 256;
-enum : uint32_t { kAnswerOk = 0, kAnswerError = 1, kAnswerRefused = 2 };
+using namespace wire;
 
-struct RequestHeader {
-  uint32_t magic;
-  uint32_t key_len;
-  uint64_t call;
-};
-struct AnswerHeader {
-  uint32_t magic;
-  uint32_t answer;
-  uint64_t call;
+// The longest request a stager reads. Its bytes are read before its MAC can be
+// checked, so this is what a stranger can make a stager hold per request.
+constexpr size_t kMaxRequest = Peers::kDefaultMaxReply;
+
+using Mac = std::array<unsigned char, 32>;
+
+// HMAC-SHA256(key, the parts one after another). False if OpenSSL fails: then
+// nothing is signed nor verifies.
+bool hmac(std::string_view key, std::initializer_list<std::string_view> parts, Mac& out) {
+  EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  EVP_MAC_CTX* ctx = mac ? EVP_MAC_CTX_new(mac) : nullptr;
+  char digest[] = "SHA256";
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                         OSSL_PARAM_construct_end()};
+  static const unsigned char no_key = 0;  // an empty key, not "keep the last one"
+  bool ok =
+      ctx &&
+      EVP_MAC_init(ctx, key.empty() ? &no_key : reinterpret_cast<const unsigned char*>(key.data()),
+                   key.size(), params);
+  for (std::string_view part : parts)
+    ok =
+        ok && EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(part.data()), part.size());
+  size_t length = 0;
+  ok = ok && EVP_MAC_final(ctx, out.data(), &length, out.size()) && length == out.size();
+  EVP_MAC_CTX_free(ctx);
+  EVP_MAC_free(mac);
+  return ok;
+}
+
+// Little-endian, so that MACs do not depend on the machine.
+template <size_t N>
+struct Le {
+  char bytes[N];
+  explicit Le(uint64_t v) {
+    for (size_t i = 0; i < N; ++i) bytes[i] = static_cast<char>(v >> (8 * i));
+  }
+  operator std::string_view() const { return {bytes, N}; }
 };
 
-// Every key comparison takes the same time, whatever the bytes compared.
-bool same_key(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
+// The destination goes in with its length: "node1" + "2..." and "node12" +
+// "..." sign differently.
+bool request_mac(std::string_view key, uint64_t nonce, std::string_view destination,
+                 std::string_view request, Mac& out) {
+  return hmac(
+      key, {"monarch-request", Le<8>(nonce), Le<4>(destination.size()), destination, request}, out);
+}
+
+bool answer_mac(std::string_view key, uint64_t nonce, uint64_t call, uint32_t answer,
+                uint64_t length, Mac& out) {
+  return hmac(key, {"monarch-answer", Le<8>(nonce), Le<8>(call), Le<4>(answer), Le<8>(length)},
+              out);
+}
+
+// In constant time, whatever the bytes compared.
+bool same_mac(const Mac& expected, const unsigned char (&got)[32]) {
+  return CRYPTO_memcmp(expected.data(), got, expected.size()) == 0;
 }
 
 std::string ucx_text(ucs_status_t status) {
@@ -106,7 +144,10 @@ struct Call {
   bool done = false;
   Status status;
   std::vector<char> reply;
+  size_t max_reply = 0;
   std::string request;
+  uint64_t nonce = 0;
+  Mac mac{};         // of the request, for host
   std::string peer;  // "host:port"
   Address address;
   Clock::time_point deadline;
@@ -135,6 +176,7 @@ namespace detail {
 
 struct Engine : std::enable_shared_from_this<Engine> {
   std::string key;
+  std::string identity;
   Handler handler;
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
@@ -183,7 +225,10 @@ struct Engine : std::enable_shared_from_this<Engine> {
   void shutdown();
 
   void start_call(const std::shared_ptr<Call>& call);
-  void send_answer(uint64_t conn, uint64_t call, uint32_t answer, std::vector<char> bytes);
+  void send_answer(uint64_t conn, uint64_t call, uint64_t nonce, uint32_t answer,
+                   std::vector<char> bytes);
+  void refuse(uint64_t conn, uint64_t call, uint64_t nonce, std::string why);
+  void verify(uint64_t conn, const RequestHeader& h, std::vector<char> request);
   void fail_conn(uint64_t id, const std::string& why);
   void close_ep(ucp_ep_h ep, bool force);
   void sweep();
@@ -194,7 +239,7 @@ struct Engine : std::enable_shared_from_this<Engine> {
                                  size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_answer(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
-  void dispatch(uint64_t conn, uint64_t call, std::vector<char> request);
+  void dispatch(uint64_t conn, uint64_t call, uint64_t nonce, std::vector<char> request);
 };
 
 }  // namespace detail
@@ -243,8 +288,9 @@ void send_am(ucp_ep_h ep, unsigned id, const void* payload, size_t size, uint32_
 struct ReceiveContext {
   Engine* engine;
   std::shared_ptr<Call> call;  // an answer's: received into call->reply
-  std::vector<char> request;   // a request's
-  uint64_t conn = 0, call_id = 0;
+  std::vector<char> request;   // a request's, not verified yet
+  uint64_t conn = 0;
+  RequestHeader header{};
 };
 
 void on_received(void* request, ucs_status_t status, size_t length, void* user_data) {
@@ -256,7 +302,7 @@ void on_received(void* request, ucs_status_t status, size_t length, void* user_d
       ctx->call->finish(Code::unreachable,
                         "receiving from " + ctx->call->peer + " failed: " + ucx_text(status));
   } else if (status == UCS_OK) {
-    ctx->engine->dispatch(ctx->conn, ctx->call_id, std::move(ctx->request));
+    ctx->engine->verify(ctx->conn, ctx->header, std::move(ctx->request));
   }
   delete ctx;
   if (request != nullptr) ucp_request_free(request);
@@ -283,10 +329,6 @@ void request_failed(SendContext* ctx, ucs_status_t status) {
 }  // namespace
 
 bool Engine::init(const std::string& bind_address, uint16_t want_port, std::string& error) {
-  if (key.size() > kMaxKey) {
-    error = "peer key longer than " + std::to_string(kMaxKey) + " bytes";
-    return false;
-  }
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) {
@@ -540,21 +582,55 @@ void Engine::start_call(const std::shared_ptr<Call>& call) {
   conn.calls.insert(call_id);
 
   auto* ctx = new SendContext{this, {}, {}, call};
-  RequestHeader header{kMagic, static_cast<uint32_t>(key.size()), call_id};
+  RequestHeader header{kMagic, 0, call_id, call->nonce, {}};
+  std::memcpy(header.mac, call->mac.data(), sizeof header.mac);
   ctx->header.assign(reinterpret_cast<const char*>(&header), sizeof header);
-  ctx->header += key;
   send_am(conn.ep, kRequestAm, call->request.data(), call->request.size(), UCP_AM_SEND_FLAG_REPLY,
           ctx);
 }
 
-void Engine::send_answer(uint64_t conn_id, uint64_t call_id, uint32_t answer,
+// Answers carry the reply flag: the caller checks they came back on the
+// connection its request went out on. Their MAC covers the header only.
+void Engine::send_answer(uint64_t conn_id, uint64_t call_id, uint64_t nonce, uint32_t answer,
                          std::vector<char> bytes) {
   auto it = conns.find(conn_id);
   if (it == conns.end()) return;  // the caller is gone: nobody to tell
+  AnswerHeader header{kMagic, answer, call_id, {}};
+  Mac mac{};  // all zeros if OpenSSL failed: the caller takes it for a stranger's
+  answer_mac(key, nonce, call_id, answer, bytes.size(), mac);
+  std::memcpy(header.mac, mac.data(), sizeof header.mac);
   auto* ctx = new SendContext{this, {}, std::move(bytes), nullptr};
-  AnswerHeader header{kMagic, answer, call_id};
   ctx->header.assign(reinterpret_cast<const char*>(&header), sizeof header);
-  send_am(it->second.ep, kAnswerAm, ctx->payload.data(), ctx->payload.size(), 0, ctx);
+  send_am(it->second.ep, kAnswerAm, ctx->payload.data(), ctx->payload.size(),
+          UCP_AM_SEND_FLAG_REPLY, ctx);
+}
+
+// Told why, then dropped: the caller learns it was refused rather than that
+// the connection broke. Nothing it sends later is read.
+void Engine::refuse(uint64_t conn_id, uint64_t call_id, uint64_t nonce, std::string why) {
+  auto it = conns.find(conn_id);
+  if (it == conns.end() || it->second.refused) return;
+  it->second.refused = true;
+  later.push_back([this, conn_id, call_id, nonce, why = std::move(why)] {
+    send_answer(conn_id, call_id, nonce, kAnswerRefused, {why.begin(), why.end()});
+    auto it = conns.find(conn_id);
+    if (it == conns.end()) return;
+    close_ep(it->second.ep, false);  // flushes the answer first
+    conns.erase(it);
+  });
+}
+
+// A request is served only if its MAC verifies for this stager's key and
+// identity.
+void Engine::verify(uint64_t conn_id, const RequestHeader& h, std::vector<char> request) {
+  auto it = conns.find(conn_id);
+  if (it == conns.end() || it->second.refused) return;
+  Mac expected;
+  if (!request_mac(key, h.nonce, identity, {request.data(), request.size()}, expected) ||
+      !same_mac(expected, h.mac))
+    return refuse(conn_id, h.call, h.nonce,
+                  "refused: not signed with this job's key for '" + identity + "'");
+  dispatch(conn_id, h.call, h.nonce, std::move(request));
 }
 
 void Engine::on_conn_request(ucp_conn_request_h request, void* arg) {
@@ -598,32 +674,23 @@ ucs_status_t Engine::on_request(void* arg, const void* header, size_t header_len
   if (conn.refused) return UCS_OK;
 
   RequestHeader h{};
-  if (header_length >= sizeof h) std::memcpy(&h, header, sizeof h);
-  std::string_view key(static_cast<const char*>(header) + sizeof h,
-                       header_length >= sizeof h ? header_length - sizeof h : 0);
-  if (header_length < sizeof h || h.magic != kMagic || h.key_len != key.size() ||
-      !same_key(key, self->key)) {
-    // Told why, then dropped: the caller learns it has the wrong key rather
-    // than a broken connection. Nothing it sends later is read.
-    conn.refused = true;
-    uint64_t call_id = h.call;
-    self->later.push_back([self, conn_id, call_id] {
-      std::string why = "refused: not this job's key";
-      self->send_answer(conn_id, call_id, kAnswerRefused, {why.begin(), why.end()});
-      auto it = self->conns.find(conn_id);
-      if (it == self->conns.end()) return;
-      self->close_ep(it->second.ep, false);  // flushes the answer first
-      self->conns.erase(it);
-    });
+  if (header_length == sizeof h) std::memcpy(&h, header, sizeof h);
+  if (header_length != sizeof h || h.magic != kMagic) {
+    self->refuse(conn_id, h.call, h.nonce, "refused: not a request of this version");
+    return UCS_OK;
+  }
+  if (length > kMaxRequest) {
+    self->refuse(conn_id, h.call, h.nonce,
+                 "refused: a request of " + std::to_string(length) + " bytes");
     return UCS_OK;
   }
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    auto* ctx = new ReceiveContext{self, nullptr, std::vector<char>(length), conn_id, h.call};
+    auto* ctx = new ReceiveContext{self, nullptr, std::vector<char>(length), conn_id, h};
     receive_rndv(self, data, ctx->request.data(), length, ctx);
     return UCS_INPROGRESS;
   }
   const char* bytes = static_cast<const char*>(data);
-  self->dispatch(conn_id, h.call, std::vector<char>(bytes, bytes + length));
+  self->verify(conn_id, h, std::vector<char>(bytes, bytes + length));
   return UCS_OK;
 }
 
@@ -633,13 +700,32 @@ ucs_status_t Engine::on_answer(void* arg, const void* header, size_t header_leng
   AnswerHeader h{};
   if (header_length != sizeof h) return UCS_OK;
   std::memcpy(&h, header, sizeof h);
+  if (h.magic != kMagic || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
+  // Only on the connection the request went out on (our client side): one
+  // that someone opened to our listener cannot answer our calls.
+  auto by_ep = self->by_ep.find(param->reply_ep);
   auto it = self->calls.find(h.call);
-  if (h.magic != kMagic || it == self->calls.end()) return UCS_OK;  // late: its caller gave up
+  if (by_ep == self->by_ep.end() || it == self->calls.end()) return UCS_OK;  // late: given up
+  if (it->second->conn != by_ep->second) return UCS_OK;
   std::shared_ptr<Call> call = it->second;
   self->calls.erase(it);
   if (auto conn = self->conns.find(call->conn); conn != self->conns.end())
     conn->second.calls.erase(h.call);
 
+  Mac expected;
+  if (!answer_mac(self->key, call->nonce, h.call, h.answer, length, expected) ||
+      !same_mac(expected, h.mac)) {
+    // Whoever listens there does not hold the key (another job's stager, or
+    // a process that took the port first): nothing it sent is read.
+    call->finish(Code::refused, call->peer + ": answer not signed with this job's key");
+    return UCS_OK;
+  }
+  if (length > call->max_reply) {
+    call->finish(Code::error, call->peer + ": answer of " + std::to_string(length) +
+                                  " bytes, more than the " + std::to_string(call->max_reply) +
+                                  " asked for");
+    return UCS_OK;
+  }
   bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
   if (h.answer == kAnswerOk && rndv) {
     call->reply.resize(length);
@@ -657,11 +743,12 @@ ucs_status_t Engine::on_answer(void* arg, const void* header, size_t header_leng
   return UCS_OK;
 }
 
-void Engine::dispatch(uint64_t conn, uint64_t call, std::vector<char> request) {
+void Engine::dispatch(uint64_t conn, uint64_t call, uint64_t nonce, std::vector<char> request) {
   Reply reply;
   reply.engine_ = weak_from_this();
   reply.conn_ = conn;
   reply.call_ = call;
+  reply.nonce_ = nonce;
   reply.armed_ = true;
   try {
     handler(std::move(request), std::move(reply));
@@ -681,6 +768,7 @@ Reply& Reply::operator=(Reply&& other) noexcept {
     engine_ = std::move(other.engine_);
     conn_ = other.conn_;
     call_ = other.call_;
+    nonce_ = other.nonce_;
     armed_ = other.armed_;
     other.armed_ = false;
   }
@@ -705,17 +793,19 @@ void Reply::answer(bool ok, std::vector<char> bytes) {
   std::shared_ptr<Engine> engine = engine_.lock();
   if (!engine) return;
   Engine* raw = engine.get();  // the queue runs only while the engine lives
-  raw->post([raw, conn = conn_, call = call_, ok, bytes = std::move(bytes)]() mutable {
-    raw->send_answer(conn, call, ok ? kAnswerOk : kAnswerError, std::move(bytes));
-  });
+  raw->post(
+      [raw, conn = conn_, call = call_, nonce = nonce_, ok, bytes = std::move(bytes)]() mutable {
+        raw->send_answer(conn, call, nonce, ok ? kAnswerOk : kAnswerError, std::move(bytes));
+      });
 }
 
 Peers::Peers(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
 
 std::unique_ptr<Peers> Peers::start(const std::string& bind_address, uint16_t port, std::string key,
-                                    Handler handler, std::string& error) {
+                                    std::string identity, Handler handler, std::string& error) {
   auto engine = std::make_shared<Engine>();
   engine->key = std::move(key);
+  engine->identity = std::move(identity);
   engine->handler = std::move(handler);
   if (!engine->init(bind_address, port, error)) {
     engine->shutdown();
@@ -741,8 +831,9 @@ uint16_t Peers::port() const {
 }
 
 Status Peers::call(const std::string& host, uint16_t port, std::string_view request,
-                   std::vector<char>& reply, int timeout_ms) {
+                   std::vector<char>& reply, int timeout_ms, size_t max_reply) {
   auto call = std::make_shared<Call>();
+  call->max_reply = max_reply;
   call->deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
   call->peer = host + ":" + std::to_string(port);
   call->reply = std::move(reply);
@@ -760,6 +851,11 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
     engine_->resolved[call->peer] = call->address;
   }
   call->request.assign(request);
+  // Signed here, on the caller's thread: the progress thread only sends.
+  if (getrandom(&call->nonce, sizeof call->nonce, 0) != sizeof call->nonce)
+    return {Code::error, std::string("getrandom: ") + strerror(errno)};
+  if (!request_mac(engine_->key, call->nonce, host, call->request, call->mac))
+    return {Code::error, "HMAC-SHA256 (OpenSSL) failed"};
 
   Engine* engine = engine_.get();
   if (!engine->post([engine, call] { engine->start_call(call); }))

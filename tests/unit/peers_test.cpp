@@ -8,10 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <future>
+#include <new>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +23,23 @@
 #include "peers.h"
 
 extern char** environ;
+
+// The largest single allocation this process made since reset: an answer
+// longer than the caller allows must never be allocated.
+std::atomic<size_t> largest_allocation{0};
+void* operator new(size_t n) {
+  size_t seen = largest_allocation.load(std::memory_order_relaxed);
+  while (n > seen && !largest_allocation.compare_exchange_weak(seen, n)) {
+  }
+  if (void* p = malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+__attribute__((noinline)) void operator delete(void* p) noexcept {
+  free(p);
+}
+__attribute__((noinline)) void operator delete(void* p, size_t) noexcept {
+  free(p);
+}
 
 namespace monarch::peers {
 namespace {
@@ -38,29 +59,34 @@ const bool tcp_only = [] {
   return true;
 }();
 
-// The peer process: started with a port (0: any), knows its port.
+// The peer process: started with a port (0: any), knows its port. Or a
+// stranger (peers_peer.cpp: squat, forge), known by its first line.
 struct Peer {
   pid_t pid = -1;
   uint16_t port = 0;
+  std::string line;  // the first it printed
 
-  static Peer start(uint16_t port) {
+  static Peer start(uint16_t port) { return run({std::to_string(port), kKey}); }
+  static Peer run(std::vector<std::string> args) {
     Peer peer;
     int out[2];
     if (pipe2(out, O_CLOEXEC) != 0) return peer;
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    std::string port_arg = std::to_string(port);
-    char* argv[] = {const_cast<char*>(MONARCH_PEERS_PEER), port_arg.data(),
-                    const_cast<char*>(kKey.c_str()), nullptr};
-    if (posix_spawn(&peer.pid, MONARCH_PEERS_PEER, &actions, nullptr, argv, environ) != 0)
+    std::vector<char*> argv{const_cast<char*>(MONARCH_PEERS_PEER)};
+    for (auto& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&peer.pid, MONARCH_PEERS_PEER, &actions, nullptr, argv.data(), environ) != 0)
       peer.pid = -1;
     posix_spawn_file_actions_destroy(&actions);
     close(out[1]);
     pollfd p{out[0], POLLIN, 0};
     char line[64] = {};
-    if (peer.pid > 0 && poll(&p, 1, 5000) == 1 && read(out[0], line, sizeof line - 1) > 0)
+    if (peer.pid > 0 && poll(&p, 1, 5000) == 1 && read(out[0], line, sizeof line - 1) > 0) {
+      peer.line = line;
       sscanf(line, "port %hu", &peer.port);
+    }
     close(out[0]);
     return peer;
   }
@@ -84,14 +110,14 @@ struct PeersTest : ::testing::Test {
   static std::unique_ptr<Peers> start_client(const std::string& key) {
     std::string error;
     auto peers = Peers::start(
-        "127.0.0.1", 0, key, [](std::vector<char>, Reply reply) { reply.fail("client only"); },
-        error);
+        "127.0.0.1", 0, key, "127.0.0.1",
+        [](std::vector<char>, Reply reply) { reply.fail("client only"); }, error);
     EXPECT_TRUE(peers) << error;
     return peers;
   }
   Status call(uint16_t port, const std::string& request, std::vector<char>& reply,
-              int timeout_ms = 5000) {
-    return client->call("127.0.0.1", port, request, reply, timeout_ms);
+              int timeout_ms = 5000, size_t max_reply = Peers::kDefaultMaxReply) {
+    return client->call("127.0.0.1", port, request, reply, timeout_ms, max_reply);
   }
   static Peer shared;
   std::unique_ptr<Peers> client;
@@ -169,6 +195,96 @@ TEST_F(PeersTest, AnotherKeyIsRefused) {
   // The job's own stagers are still served.
   ASSERT_TRUE(call(shared.port, "eok", reply).ok());
   EXPECT_EQ(std::string(reply.begin(), reply.end()), "ok");
+}
+
+// A request signed for another name than the server's identity is refused,
+// though the key is right (the server says so, signed: the caller knows the
+// refusal is genuine).
+TEST_F(PeersTest, RequestForAnotherStagerIsRefused) {
+  std::vector<char> reply;
+  // "127.1" is 127.0.0.1 too, to the resolver, but not the peer's name.
+  Status status = client->call("127.1", shared.port, "eother", reply, 5000);
+  EXPECT_EQ(status.code, Code::refused) << status.text;
+  EXPECT_NE(status.text.find("for '127.0.0.1'"), std::string::npos) << status.text;
+  EXPECT_TRUE(reply.empty());
+  ASSERT_TRUE(call(shared.port, "eme", reply).ok());
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "me");
+}
+
+std::string hex(std::string_view bytes) {
+  std::string out;
+  char two[3];
+  for (unsigned char c : bytes) {
+    snprintf(two, sizeof two, "%02x", c);
+    out += two;
+  }
+  return out;
+}
+
+// A process that took the job's port before the stager (a squatter) gets the
+// request but not the key; the answer it makes up is not taken.
+TEST_F(PeersTest, TheKeyNeverTravelsAndAStrangersAnswerIsNotTaken) {
+  std::string log = ::testing::TempDir() + "peers_squat.log";
+  Peer squatter = Peer::run({"squat", log});
+  ASSERT_NE(squatter.port, 0) << "the squatter did not start";
+  std::vector<char> reply;
+  Status status = call(squatter.port, "eplease", reply, 2000);
+  EXPECT_EQ(status.code, Code::refused) << status.text;
+  EXPECT_TRUE(reply.empty()) << "the squatter's bytes were taken";
+  squatter.stop();
+
+  std::ifstream in(log);
+  std::stringstream seen;
+  seen << in.rdbuf();
+  std::string lines = seen.str();
+  // What it got: one request, header and payload as they travelled.
+  std::string header, payload;
+  std::istringstream(lines) >> std::ws >> header >> header >> payload;
+  EXPECT_EQ(header.size(), 2 * sizeof(wire::RequestHeader)) << lines;
+  EXPECT_EQ(payload, hex("eplease")) << lines;
+  EXPECT_EQ(lines.find(hex(kKey)), std::string::npos) << "the key travelled: " << lines;
+}
+
+// The review's reproduction: while this stager waits on a slow peer, a
+// stranger connected to its listener sends answers for every likely call id
+// on its own connection. Not one is taken; every call times out.
+TEST_F(PeersTest, ForgedAnswersOnAnotherConnectionAreNotTaken) {
+  Peer forger = Peer::run({"forge", std::to_string(client->port()), "300"});
+  ASSERT_EQ(forger.line, "forging\n") << "the forger did not start";
+  int forged = 0, timeouts = 0;
+  for (int i = 0; i < 20; ++i) {
+    std::vector<char> reply;
+    Status status = call(shared.port, "s1000", reply, 200);
+    if (std::string(reply.begin(), reply.end()) == "forged" || status.ok()) ++forged;
+    if (status.code == Code::timeout) ++timeouts;
+  }
+  forger.stop();
+  EXPECT_EQ(forged, 0);
+  EXPECT_EQ(timeouts, 20);
+  std::vector<char> reply;
+  ASSERT_TRUE(call(shared.port, "estill", reply).ok());
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "still");
+}
+
+// An answer longer than the caller allows is an error, and never allocated,
+// eager or by rendezvous; the connection serves on.
+TEST_F(PeersTest, AnswersAboveMaxReplyAreErrorsNeverAllocated) {
+  std::vector<char> reply;
+  ASSERT_TRUE(call(shared.port, "n1000", reply, 5000, 1000).ok());
+  EXPECT_EQ(reply.size(), 1000u);
+  Status status = call(shared.port, "n1000", reply, 5000, 999);
+  EXPECT_EQ(status.code, Code::error) << status.text;
+  EXPECT_TRUE(reply.empty());
+
+  std::vector<char> fresh;
+  largest_allocation = 0;
+  status = call(shared.port, "n" + std::to_string(32 << 20), fresh, 5000, 1 << 20);
+  EXPECT_EQ(status.code, Code::error) << status.text;
+  EXPECT_NE(status.text.find("more than the 1048576 asked for"), std::string::npos) << status.text;
+  EXPECT_LT(largest_allocation.load(), size_t{1} << 20);
+  EXPECT_TRUE(fresh.empty());
+  ASSERT_TRUE(call(shared.port, "eon", reply).ok());
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "on");
 }
 
 TEST_F(PeersTest, HandlersAnswerLaterFromAnotherThreadOrFailCleanly) {
@@ -277,10 +393,10 @@ TEST(PeersDefaults, TransportsNeedNoSharedMemory) {
   unsetenv("UCX_TLS");
   std::string error;
   auto server = Peers::start(
-      "127.0.0.1", 0, kKey, [](std::vector<char> request, Reply reply) { reply.send(request); },
-      error);
+      "127.0.0.1", 0, kKey, "127.0.0.1",
+      [](std::vector<char> request, Reply reply) { reply.send(request); }, error);
   auto client = Peers::start(
-      "127.0.0.1", 0, kKey, [](std::vector<char>, Reply reply) {}, error);
+      "127.0.0.1", 0, kKey, "127.0.0.1", [](std::vector<char>, Reply reply) {}, error);
   setenv("UCX_TLS", tls.c_str(), 1);
   ASSERT_TRUE(server && client) << error;
   std::string payload = pattern(1 << 20, 5);
