@@ -179,10 +179,9 @@ StepPlan plan_step(spank_t sp, uint32_t job) {
   if (plan.config.job_wide && nodes.find_first_of(",[") != std::string::npos) {
     plan.launch.args.insert(plan.launch.args.end(), {"--nodes", nodes, "--peer-port",
                                                      std::to_string(peer_port(plan.config, job))});
-    // Slurm's name of this node, when the step has it (else the stager
-    // takes its short host name).
-    if (std::string self = get_env(sp, "SLURMD_NODENAME"); !self.empty())
-      plan.launch.args.insert(plan.launch.args.end(), {"--node", self});
+    // The stager finds itself in the list by its short host name: at this
+    // point the step's SLURMD_NODENAME is still the one a nested srun
+    // inherited from the batch step's node.
     if (!key.empty()) plan.launch.env.push_back(std::string(kEnvJobKey) + "=" + key);
   }
   return plan;
