@@ -1,6 +1,9 @@
 #include "home.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <queue>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -47,6 +50,24 @@ double Homes::score(uint64_t path_hash, int node) const {
   uint64_t r = mix(path_hash ^ seeds_[node]);
   double u = (double(r >> 11) + 0.5) * 0x1p-53;
   return -nodes_[node].weight / std::log(u);
+}
+
+std::vector<uint16_t> balance_homes(const std::vector<uint64_t>& sizes, int nodes) {
+  std::vector<uint32_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return sizes[a] > sizes[b]; });
+  using Load = std::pair<uint64_t, int>;  // bytes so far, node
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> least;
+  for (int n = 0; n < nodes; ++n) least.push({0, n});
+  std::vector<uint16_t> home(sizes.size());
+  for (uint32_t f : order) {
+    auto [bytes, n] = least.top();
+    least.pop();
+    home[f] = uint16_t(n);
+    least.push({bytes + sizes[f], n});
+  }
+  return home;
 }
 
 }  // namespace monarch

@@ -8,6 +8,11 @@
 //   - a node's share of the files' bytes follows its weight;
 //   - a node that is missing or has failed moves only the files homed on it,
 //     each to the node that scores next (home(path, excluded)); no other file moves.
+// Rendezvous hashing balances the files' count, not their bytes: with few
+// large files (shards) one node's share can be much larger than another's.
+// balance_homes() gives the first homes instead, by bytes: every node
+// computes the same from the job's one index. Rendezvous then only re-homes
+// the files of a node that failed.
 // Pure logic: names and weights in, node numbers out.
 #pragma once
 
@@ -46,6 +51,12 @@ class Homes {
   static uint64_t hash(std::string_view s);
   double score(uint64_t path_hash, int node) const;
 };
+
+// The first home of each file (`sizes`, in the index's order) among `nodes`
+// nodes: the largest files first, each to the node with the fewest bytes so
+// far (the lowest-numbered on a tie). Every node's share is within the
+// largest file of every other's.
+std::vector<uint16_t> balance_homes(const std::vector<uint64_t>& sizes, int nodes);
 
 template <typename Excluded>
 int Homes::home(std::string_view path, Excluded excluded) const {

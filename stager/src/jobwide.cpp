@@ -116,7 +116,11 @@ void JobWide::stop() {
 }
 
 void JobWide::serving(JobMap& map, Copier& copier, std::vector<int> tier_fds) {
+  std::vector<uint64_t> sizes(map.size());
+  for (uint32_t i = 0; i < map.size(); ++i) sizes[i] = map.entry(i).size;
+  std::vector<uint16_t> first = balance_homes(sizes, int(opt_.nodes.size()));
   std::lock_guard lock(mu_);
+  first_home_ = std::move(first);
   map_ = &map;
   copier_ = &copier;
   tier_fds_ = std::move(tier_fds);
@@ -333,8 +337,10 @@ int JobWide::home(uint32_t file) {
     std::lock_guard lock(mu_);
     m = map_;
   }
-  if (!m || file >= m->size()) return -1;
-  int h = homes_.home(m->path(file), [this](int n) { return peers_[n].failed.load(); });
+  if (!m || file >= m->size() || file >= first_home_.size()) return -1;
+  int h = first_home_[file];
+  if (peers_[h].failed.load())  // re-homed: only a failed node's files move
+    h = homes_.home(m->path(file), [this](int n) { return peers_[n].failed.load(); });
   return h == opt_.self || h < 0 ? -1 : h;
 }
 

@@ -3,8 +3,9 @@
 // - One index per job: the first node of the job's node list walks the
 //   dataset; every other node asks it for the index (index_wire.h) and walks
 //   only when it does not answer in time (one log line).
-// - Homes (home.h): every file has one home node, which copies it from the
-//   PFS and stages it ahead; another node that needs it copies it from the
+// - Homes (home.h): every file has one home node (balanced by bytes over the
+//   job's one index; a failed node's files re-homed by rendezvous), which
+//   copies it from the PFS and stages it ahead; another node that needs it copies it from the
 //   home's tier (Copier's peer threads) into its own, tiers filled top-down
 //   as ever: the node's hot set becomes local, and each file leaves the PFS
 //   once per job.
@@ -123,6 +124,7 @@ class JobWide : public PeerSource {
   bool stopping_ = false;
   std::atomic<bool> closing_{false};  // stop() has begun: no call leaves this node
   JobMap* map_ = nullptr;             // set by serving()
+  std::vector<uint16_t> first_home_;  // balance_homes() of the index, by serving()
   Copier* copier_ = nullptr;
   std::vector<int> tier_fds_;
   std::string wire_;  // the index, when this node walked it

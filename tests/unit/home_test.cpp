@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -72,6 +73,26 @@ TEST(Homes, BadNodesSayWhich) {
   EXPECT_NE(message({{"a", 1}, {"a", 2}}).find("'a' is listed twice"), std::string::npos);
   EXPECT_NE(message({{"a", 0}}).find("'a' has weight 0"), std::string::npos);
   EXPECT_NE(message({{"", 1}}).find("empty name"), std::string::npos);
+}
+
+TEST(BalanceHomes, BytesWithinTheLargestFileWhateverTheSizes) {
+  std::vector<uint64_t> sizes;
+  for (int i = 0; i < 24; ++i) sizes.push_back(uint64_t(4 + (i * 7) % 21) << 20);  // shards
+  for (int i = 0; i < 2000; ++i) sizes.push_back(uint64_t(16 + (i * 37) % 240) << 10);
+  std::vector<uint16_t> h = balance_homes(sizes, 3);
+  uint64_t bytes[3] = {}, largest = 24 << 20;
+  for (size_t i = 0; i < sizes.size(); ++i) bytes[h[i]] += sizes[i];
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 3; ++b) EXPECT_LE(bytes[a], bytes[b] + largest) << a << " " << b;
+  EXPECT_EQ(balance_homes(sizes, 3), h) << "every node computes the same";
+  // Rendezvous by name alone puts whole shards where they fall: further apart.
+  Homes hrw({{"vm-n1", 1}, {"vm-n2", 1}, {"vm-n3", 1}});
+  uint64_t by_name[3] = {};
+  for (size_t i = 0; i < sizes.size(); ++i) by_name[hrw.home(file(int(i)))] += sizes[i];
+  auto spread = [](const uint64_t* b) {
+    return *std::max_element(b, b + 3) - *std::min_element(b, b + 3);
+  };
+  EXPECT_LT(spread(bytes), spread(by_name));
 }
 
 }  // namespace
