@@ -57,9 +57,12 @@ void Copier::start() {
   for (uint32_t i = 0; i < map_.size(); ++i)
     (!opt_.peers || opt_.peers->home(i) < 0 ? backlog_ : replicas_).push_back(i);
   spdlog::debug("stage-ahead backlog: {} of {} files", backlog_.size(), map_.size());
-  if (opt_.peers)
+  if (opt_.peers) {
     for (uint32_t f : backlog_)
       if (state_of(map_.entry(f).state.load()) == kNone) home_left_ += map_.entry(f).size;
+    for (int t = 0; t < placement_.tiers(); ++t)
+      home_slack_ += placement_.quota(t) / kHomeSlackShare;
+  }
   auto by_size = [this](uint32_t a, uint32_t b) { return map_.entry(a).size < map_.entry(b).size; };
   std::stable_sort(backlog_.begin(), backlog_.end(), by_size);
   std::stable_sort(replicas_.begin(), replicas_.end(), by_size);
@@ -444,7 +447,7 @@ bool Copier::begin(Job& job) {
   // A multi-node job's node keeps room for the files homed on it (its share
   // of the job's cache) before it holds copies of other nodes' files.
   bool home = !opt_.peers || opt_.peers->home(job.file) < 0;
-  job.tier = placement_.reserve(e.size, home ? 0 : home_left_.load());
+  job.tier = placement_.reserve(e.size, home ? 0 : home_left_.load() + home_slack_);
   if (home && opt_.peers && !job.placed_home) {
     job.placed_home = true;
     uint64_t left = home_left_.load();
@@ -452,6 +455,8 @@ bool Copier::begin(Job& job) {
     }
   }
   if (job.tier < 0) {
+    if (home && opt_.peers)
+      spdlog::debug("no room for {} ({} bytes), a file homed here", map_.path(job.file), e.size);
     count(s_noroom);
     set_state(job.file, from, make_state(kNoRoom));
     close_files(job, false);

@@ -314,6 +314,7 @@ void JobWide::answer(const PassOn& p) {
   int node = m && p.file < m->size() ? home(p.file) : -1;
   uint64_t size = node >= 0 ? m->entry(p.file).size : 0;
   int64_t n = node < 0 ? -1 : int64_t(p.off < size ? std::min(p.len, size - p.off) : 0);
+  if (n < 0) spdlog::debug("a reader's read of file {} passed on to nobody: homed here", p.file);
   if (!send_all(&n, sizeof n) || n <= 0) return;
   // In blocks, each the whole way (the peer answers a block at most), so
   // that the reader gets every byte it asked for, as from a file.
@@ -324,7 +325,11 @@ void JobWide::answer(const PassOn& p) {
     size_t want = size_t(std::min<uint64_t>(uint64_t(n) - done, kBlock)), got = 0;
     Got g = read(node, p.file, p.off + done, buf.data(), want, false, got);
     if (g == Got::kPending && now_ns() - start < kPassOnPatienceNs && !closing_) continue;
-    if (g != Got::kBytes || got == 0) return;  // an early end: the reader reads the PFS
+    if (g != Got::kBytes || got == 0) {  // an early end: the reader reads the PFS
+      spdlog::debug("a reader's read of file {} at {}: node {} answered {}", p.file, p.off + done,
+                    node, int(g));
+      return;
+    }
     counters_[s_peer_bytes].fetch_add(got, std::memory_order_relaxed);
     if (!send_all(buf.data(), got)) return;
     done += got;
