@@ -18,7 +18,8 @@
 //     otherwise read() goes to the PFS, atomically, as the kernel does it.
 // A copy that has made no progress for the stall timeout (judged from the
 // copy's own progress stamp, so a stuck copy stops every reader from waiting)
-// sends this descriptor to the PFS for good. No call waits longer than that.
+// sends the read to the PFS; later reads use the copy if it moved again. No
+// call waits longer than that.
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -172,7 +173,7 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
         return Wait::kPfs;
       }
     }
-    bool stuck = false;
+    bool stuck = false, copy_stalled = false;
     if (s.state == kQueued) stuck = m->queue_stuck(coarse_age_ns(s.aux, coarse_now()), now);
     if (s.state == kCopying) {
       CopySlot* cs = m->copy_slot(s.aux);
@@ -186,7 +187,7 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
           return Wait::kPartial;
         }
         if (pos > progress + kWaitWindow) return Wait::kPfs;  // far ahead: cheaper to read it
-        stuck = now - cs->progress_ns.load(std::memory_order_acquire) > stall;
+        stuck = copy_stalled = now - cs->progress_ns.load(std::memory_order_acquire) > stall;
       }
     }
     // A copy that moves is waited for; one that does not, or a request the
@@ -194,7 +195,12 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
     if (s.state == kNone) stuck = m->queue_stuck(now - start, now);
     if (stuck) {
       add(m, c_fb_wait);
-      e->gave_up = true;  // this descriptor does not wait again
+      // A copy that stopped moving: this read goes to the PFS, and later
+      // ones look again (a copy stuck for good is seen at once by its old
+      // stamp, so they do not wait; one that moves again serves them, where
+      // giving up for good read the rest of the file twice). A request the
+      // stager does not take up: this descriptor does not wait again.
+      if (!copy_stalled) e->gave_up = true;
       return Wait::kPfs;
     }
     backoff(round);
