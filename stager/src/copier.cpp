@@ -69,12 +69,12 @@ void Copier::start() {
   for (unsigned i = 0; i < opt_.threads; ++i)
     threads_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "monarch-copy");  // for ps, gdb, and fault tests
-      worker();
+      worker(false);
     });
   for (unsigned i = 0; opt_.peers && i < opt_.peer_threads; ++i, ++peer_threads_)
     threads_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "monarch-peer");
-      peer_worker();
+      worker(true);
     });
 }
 
@@ -261,21 +261,9 @@ double Copier::fill_seconds() const {
   return last ? (last - start_ns_) / 1e9 : 0;
 }
 
-void Copier::worker() {
+void Copier::worker(bool peer) {
   Job job;
-  while (next_job(job)) {
-    run(job);
-    std::lock_guard lock(mu_);
-    running_--;
-  }
-  std::lock_guard lock(mu_);
-  exited_++;
-  exited_cv_.notify_all();
-}
-
-void Copier::peer_worker() {
-  Job job;
-  while (next_peer_job(job)) {
+  while (peer ? next_peer_job(job) : next_job(job)) {
     run(job);
     std::lock_guard lock(mu_);
     running_--;

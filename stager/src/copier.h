@@ -122,9 +122,8 @@ class Copier {
   };
   enum class Outcome { kDone, kPaused, kRetryNextTier, kFromPfs, kNotNow };
 
-  void worker();
-  bool next_job(Job& job);  // false when stopping
-  void peer_worker();
+  void worker(bool peer);        // a PFS copy thread, or a peer thread
+  bool next_job(Job& job);       // false when stopping
   bool next_peer_job(Job& job);  // false when stopping
   // Reads the next block of a peer's copy into buf: bytes, 0 at the end, -1
   // and errno; kFromPfs when the peer cannot serve it.

@@ -221,24 +221,8 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   size_t total = off + kProcSlots * sizeof(ProcSlot);
 
   std::string tmp = opt.out_path + ".tmp";
-  unlink(tmp.c_str());
-  int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
-  // Allocated, not sparse: on a full file system a page first touched later
-  // would kill the process that touches it (SIGBUS).
-  if (int e = posix_fallocate(fd, 0, off_t(total)); e != 0) {
-    close(fd);
-    unlink(tmp.c_str());
-    throw std::runtime_error("cannot allocate " + std::to_string(total) + " bytes for " + tmp +
-                             ": " + std::strerror(e));
-  }
-  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    unlink(tmp.c_str());
-    throw std::runtime_error("cannot map " + tmp + ": " + std::strerror(errno));
-  }
-  char* p = static_cast<char*>(base);
+  MappedMap result = create_map_file(opt.out_path, total);
+  char* p = static_cast<char*>(result.base());
   auto* h = new (p) Header();
   std::memcpy(h->magic, kMagic, sizeof kMagic);
   h->generation = opt.generation;
@@ -264,8 +248,7 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   h->root_dev = root_st.st_dev;
   h->root_ino = root_st.st_ino;
   h->slots_off = slots_off;
-  MappedMap result(base, total);  // owns the mapping from here on
-  h->next_slot = 1;               // slot 0 is shared by the processes that find no free slot
+  h->next_slot = 1;  // slot 0 is shared by the processes that find no free slot
   copy_path(h->root, opt.root);
   copy_path(h->real_root, real);
   for (size_t t = 0; t < opt.tier_dirs.size() && t < kMapTiers; ++t)
@@ -350,6 +333,26 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.metadata_calls = w.pace.calls();
   return result;
+}
+
+MappedMap create_map_file(const std::string& out_path, uint64_t total) {
+  std::string tmp = out_path + ".tmp";
+  unlink(tmp.c_str());
+  int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+  if (int e = posix_fallocate(fd, 0, off_t(total)); e != 0) {
+    close(fd);
+    unlink(tmp.c_str());
+    throw std::runtime_error("cannot allocate " + std::to_string(total) + " bytes for " + tmp +
+                             ": " + std::strerror(e));
+  }
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    unlink(tmp.c_str());
+    throw std::runtime_error("cannot map " + tmp + ": " + std::strerror(errno));
+  }
+  return MappedMap(base, total);
 }
 
 MappedMap open_index(const std::string& path) {

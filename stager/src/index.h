@@ -42,6 +42,7 @@ class MappedMap {
   // Makes the view again, after the header was written.
   void reload() { map_ = JobMap(base_, size_); }
   size_t bytes() const { return size_; }
+  void* base() const { return base_; }
 
  private:
   void* base_ = nullptr;
@@ -58,5 +59,11 @@ MappedMap build_index(const IndexOptions& options, IndexStats& stats,
 
 // Maps an existing map file read-write. Throws std::runtime_error.
 MappedMap open_index(const std::string& path);
+
+// Creates `out_path`.tmp (replacing a leftover) of `total` bytes, allocated,
+// not sparse (on a full file system a page first touched later would kill
+// the process that touches it: SIGBUS), mapped read-write and zeroed.
+// Throws std::runtime_error naming the file and the reason.
+MappedMap create_map_file(const std::string& out_path, uint64_t total);
 
 }  // namespace monarch

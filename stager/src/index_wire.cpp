@@ -108,24 +108,8 @@ MappedMap build_index_from(const IndexOptions& opt, std::string_view wire, Index
 
   uint64_t total = h.slots_off + kProcSlots * sizeof(ProcSlot);
   std::string tmp = opt.out_path + ".tmp";
-  unlink(tmp.c_str());
-  int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
-  // Allocated, not sparse (see build_index).
-  if (int e = posix_fallocate(fd, 0, off_t(total)); e != 0) {
-    close(fd);
-    unlink(tmp.c_str());
-    throw std::runtime_error("cannot allocate " + std::to_string(total) + " bytes for " + tmp +
-                             ": " + std::strerror(e));
-  }
-  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    unlink(tmp.c_str());
-    throw std::runtime_error("cannot map " + tmp + ": " + std::strerror(errno));
-  }
-  MappedMap result(base, total);
-  char* p = static_cast<char*>(base);
+  MappedMap result = create_map_file(opt.out_path, total);
+  char* p = static_cast<char*>(result.base());
   std::memcpy(p, wire.data(), wire.size());
   size_t live = offsetof(Header, heartbeat_ns);  // the sender's live words are not ours
   std::memset(p + live, 0, sizeof(Header) - live);
