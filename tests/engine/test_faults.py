@@ -158,7 +158,11 @@ class Faults(Case):
         t = tier(self)
         conf = os.path.join(t, "open.conf")
         with open(conf, "w") as f:
-            f.write(f"consistency = open\nsmall_file_max = 64K\n[tier.a]\npath = {t}\nquota = 1G\n")
+            # The dataset is on a local disk: copy_fast_dataset keeps the stager
+            # copying (the fast-file-system check stopped it once, and the
+            # wait below for both copies never ended).
+            f.write(f"consistency = open\nsmall_file_max = 64K\ncopy_fast_dataset = yes\n"
+                    f"[tier.a]\npath = {t}\nquota = 1G\n")
         small = sorted(k for k in self.ref if k.startswith("images/"))[0]
         large = sorted(k for k in self.ref if k.startswith("records/"))[0]
         script = f"""
@@ -175,7 +179,10 @@ def rewrite(p, n):  # n new random bytes, from a process outside Monarch, like a
                     'open(p+".new","wb").write(os.urandom(int(sys.argv[2]))); os.rename(p+".new",p)',
                     os.path.join(root, p), str(n)], env=env, check=True)
 out = [md5({small!r})]
+deadline = time.time() + 120
 while not cached({small!r}) or not cached({large!r}):
+    if time.time() > deadline:
+        sys.exit("the copies of both files never appeared")
     md5({large!r}); time.sleep(0.05)
 rewrite({small!r}, 7000)
 out.append(md5({small!r}))
