@@ -522,8 +522,23 @@ def report_json(directory, job):
     statistics at its top level or under "stats"), or stats.json as the
     plugin copies it when monarch-report is not installed."""
     with open(os.path.join(directory, f"monarch-job{job}.json")) as f:
-        report = json.load(f)
+        return _stats_of(json.load(f))
+
+
+def _stats_of(report):
     return report if "totals" in report else report["stats"]
+
+
+def node_reports(directory, job):
+    """The statistics of every node's report of a multi-node job
+    (monarch-job<ID>.json and monarch-job<ID>-<host>.json), by host."""
+    out = {}
+    for name in os.listdir(directory):
+        if name.startswith(f"monarch-job{job}") and name.endswith(".json"):
+            with open(os.path.join(directory, name)) as f:
+                stats = _stats_of(json.load(f))
+            out[stats["host"]] = stats
+    return out
 
 
 def stager_counter(stats, name):

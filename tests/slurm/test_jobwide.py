@@ -92,13 +92,7 @@ class JobWide(st.SlurmTest):
 
     def reports(self, job, work):
         """Each node's statistics, by host."""
-        out = {}
-        for name in os.listdir(work):
-            if name.startswith(f"monarch-job{job}") and name.endswith(".json"):
-                with open(os.path.join(work, name)) as f:
-                    report = json.load(f)
-                stats = report if "totals" in report else report["stats"]
-                out[stats["host"]] = stats
+        out = st.node_reports(work, job)
         self.assertEqual(sorted(out), sorted(st.MULTI), f"reports in {work}")
         keys = ("copies", "peer_copies", "peer_fallbacks", "served_bytes", "peers_failed",
                 "index_received", "copy_errors", "noroom")

@@ -5,7 +5,6 @@ mounted after the cluster started. Every node of a job reads correct bytes
 from its own tiers, writes its own report, and its epilog cleans that node
 (and no other). (How the nodes share one cache: test_jobwide.py.)"""
 import ipaddress
-import json
 import os
 import threading
 import time
@@ -107,13 +106,7 @@ class MultiNode(st.SlurmTest):
         # The tiers used were those of the job's nodes, never the host's.
         self.assertEqual(watch.seen[job], set(nodes), f"job {job} had job directories on")
         # One report per node, each from a stager that really copied there.
-        reports = {}
-        for name in os.listdir(work):
-            if name.startswith(f"monarch-job{job}") and name.endswith(".json"):
-                with open(os.path.join(work, name)) as f:
-                    report = json.load(f)
-                stats = report if "totals" in report else report["stats"]
-                reports[stats["host"]] = stats
+        reports = st.node_reports(work, job)
         self.assertEqual(sorted(reports), sorted(nodes), f"reports in {work}")
         for node, stats in reports.items():
             self.assertTrue(stats["complete"], node)
