@@ -629,7 +629,19 @@ void Copier::finish(Job& job) {
     count(s_copy_errors);
     return abandon(job, kFailed);
   }
-  if (!make_parents(job.tier, rel) || renameat(tier_fd, tmp.c_str(), tier_fd, final_name.c_str())) {
+  // The final name is linked before the state word says "cached", and the
+  // temporary name unlinked only after: a reader the word sent to either name
+  // finds the file there. (A rename left a moment in which the word still
+  // said "copying" and the temporary name was gone: under CPU load readers
+  // read the PFS in that moment, a second time.) A tier without hard links,
+  // or a name already there, is published by rename as before.
+  if (!make_parents(job.tier, rel)) {
+    spdlog::warn("cannot publish {} on tier {}: {}", rel, job.tier, std::strerror(errno));
+    count(s_copy_errors);
+    return abandon(job, kFailed);
+  }
+  bool linked = linkat(tier_fd, tmp.c_str(), tier_fd, final_name.c_str(), 0) == 0;
+  if (!linked && renameat(tier_fd, tmp.c_str(), tier_fd, final_name.c_str()) != 0) {
     spdlog::warn("cannot publish {} on tier {}: {}", rel, job.tier, std::strerror(errno));
     count(s_copy_errors);
     return abandon(job, kFailed);
@@ -642,7 +654,10 @@ void Copier::finish(Job& job) {
     ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, e.size);  // a reader asked meanwhile
     job.ahead = false;
   }
-  if (!set_state(job.file, job.copying, make_state(kCached, job.tier, ahead ? kAhead : 0))) {
+  bool published =
+      set_state(job.file, job.copying, make_state(kCached, job.tier, ahead ? kAhead : 0));
+  if (linked) unlinkat(tier_fd, tmp.c_str(), 0);
+  if (!published) {
     // Marked stale while it was written: the copy goes, the PFS serves.
     unlinkat(tier_fd, final_name.c_str(), 0);
     placement_.release(job.tier, e.size);
