@@ -76,9 +76,14 @@ class Lifecycle(unittest.TestCase):
         new_dirs = [d for d in self.dirs if not os.path.isdir(d)]
         self.assertEqual(sorted(set(s.left()) - set(left_before)),
                          sorted(self.paths + [d + "/" for d in new_dirs]))
-        self.assertIn("/usr/share/man/man1/monarch-run.1.gz",
-                      s.run("man -w monarch-run monarch-report monarch-stager monarch.conf "
-                            "spank_monarch").stdout.split())
+        # man finds every page where the packages put them (MANPATH: a copy
+        # installed from source under /usr/local would be found first).
+        self.assertEqual(
+            s.run("MANPATH=/usr/share/man man -w monarch-run monarch-report monarch-stager "
+                  "monarch.conf spank_monarch").stdout.split(),
+            ["/usr/share/man/man1/monarch-run.1.gz", "/usr/share/man/man1/monarch-report.1.gz",
+             "/usr/share/man/man8/monarch-stager.8.gz", "/usr/share/man/man5/monarch.conf.5.gz",
+             "/usr/share/man/man8/spank_monarch.8.gz"])
 
         # A run of monarch-run, as a user would, from the installed programs.
         s.run("mkdir -p /var/tmp/monarch-lifecycle-data /var/tmp/monarch-lifecycle-tier\n"
