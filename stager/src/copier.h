@@ -140,12 +140,14 @@ class Copier {
   // an all-flash PFS) that reading copies cannot beat reading it? Then no
   // more copies are made (Header::copies_off), and readers read it directly.
   void judge_the_pfs();
-  static constexpr uint64_t kJudgeOpens = 32, kJudgeBytes = 32 << 20;
+  static constexpr uint64_t kJudgeOpens = 8, kJudgeBytes = 8 << 20;
   // A PFS open costs a metadata server's round trip (hundreds of us and more);
   // a local file system's, tens of us. The bandwidth floor keeps copying from
   // a file system that opens fast but reads slowly (NFS with cached attributes
   // over 1 GbE: 0.03 GB/s a thread). Measured by the copy threads during a
-  // job (contrib/bench/run, 4 readers and 4 copy threads on 2 busy cores):
+  // job (contrib/bench/run, 4 readers and 4 copy threads on 2 busy cores;
+  // judged after 8 files and 8 MiB, so that a job on a fast file system pays
+  // for few copies: 1% of the fast-file-system scenario instead of 8-13%):
   // the local disk 4-11 us an open, 0.14-0.18 GB/s a thread; the emulated
   // PFS (1 ms, 400 MB/s) 1.4-2.2 ms, 0.08-0.10 GB/s.
   static constexpr double kFastOpenUs = 100, kFastGBs = 0.1;

@@ -38,12 +38,6 @@ bool log_to(const char* path) {
   return dup2(fd.get(), 2) == 2;
 }
 
-// ioprio_set(2) has no glibc wrapper: best-effort class, lowest level.
-constexpr int kIoprioWhoProcess = 1;
-constexpr int kIoprioClassBestEffort = 2;
-constexpr int kIoprioLowest = 7;
-constexpr int kIoprioClassShift = 13;
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,9 +67,7 @@ int main(int argc, char** argv) {
                  dir, unsigned(st.st_uid), unsigned(st.st_mode & 07777));
     return 2;
   }
-  (void)!nice(19);
-  syscall(SYS_ioprio_set, kIoprioWhoProcess, 0,
-          (kIoprioClassBestEffort << kIoprioClassShift) | kIoprioLowest);
+  lowest_priority();
 
   timespec start, end;
   clock_gettime(CLOCK_MONOTONIC, &start);

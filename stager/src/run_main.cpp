@@ -8,6 +8,10 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+// glibc 2.36 declares these without C linkage for C++.
+extern "C" {
+#include <sys/pidfd.h>
+}
 
 #include <boost/program_options.hpp>
 
@@ -65,10 +69,6 @@ std::string find_file(std::initializer_list<std::string> candidates) {
   return *candidates.begin();
 }
 
-// How long monarch-run waits for its copies to be deleted: a small run leaves
-// its tiers as it found them, a large one ends anyway.
-constexpr int kTeardownWaitMs = 200;
-
 // The run's directory on a tier, held by a descriptor from the moment the
 // stager is ready: its deletion goes through it, never by path again, so
 // whoever can rename entries in a shared tier cannot point it elsewhere.
@@ -109,11 +109,11 @@ void delete_run_dirs(const std::vector<RunDir>& dirs) {
   }
 }
 
-// Deletes the run's directories: each leaves its name in one rename, then a
-// child of its own session deletes it through its descriptor, monarch-run
-// waiting at most kTeardownWaitMs; past that the
-// child goes on alone at the lowest priority: the run's end never waits on
-// how many files it copied.
+// Deletes the run's directories off the run's path: each leaves its name in
+// one rename (the tier no longer holds it under the run's name), then a child
+// of its own session, at the lowest priority, deletes it through its
+// descriptor while monarch-run ends: the run's end never waits on how many
+// files it copied.
 void remove_copies(std::vector<RunDir> dirs) {
   for (RunDir& d : dirs) {
     std::string hidden = "." + d.name + ".deleting";
@@ -131,15 +131,11 @@ void remove_copies(std::vector<RunDir> dirs) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    lowest_priority();
     delete_run_dirs(dirs);
     _exit(0);
   }
-  if (child < 0) return delete_run_dirs(dirs);  // no child: here, then
-  for (int waited = 0; waited < kTeardownWaitMs; waited += 2) {
-    if (waitpid(child, nullptr, WNOHANG) == child) return;
-    usleep(2000);
-  }
-  setpriority(PRIO_PROCESS, id_t(child), 19);  // it goes on alone
+  if (child < 0) delete_run_dirs(dirs);  // no child: here, then
 }
 
 Options parse(int argc, char** argv) {
@@ -208,12 +204,16 @@ pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>
 // Stops the stager: SIGTERM, then SIGKILL after `bound_s`. A stager stuck in
 // a PFS call that never returns cannot even be killed: after 5 s more it is
 // left behind, and the command's own result still comes back.
+// Its exit is seen the moment it happens (a pidfd), not at the next tick of
+// a polling loop: the run ends as soon as the stager has.
 void stop(pid_t pid, unsigned bound_s) {
+  Fd exited(pidfd_open(pid, 0));
   kill(pid, SIGTERM);
-  auto gone = [pid](unsigned tenths) {
+  auto gone = [&](unsigned tenths) {
     for (unsigned i = 0; i < tenths * 2; ++i) {
       if (waitpid(pid, nullptr, WNOHANG) == pid) return true;
-      usleep(50'000);
+      pollfd p{.fd = exited.get(), .events = POLLIN};
+      if (!exited || poll(&p, 1, 50) < 0) usleep(50'000);
     }
     return false;
   };
@@ -243,14 +243,16 @@ int wait_forwarding(pid_t child, const sigset_t& set, int ready, int& forwarded,
                     const std::function<void()>& on_ready) {
   forwarded = 0;
   std::string line;
+  // The command's end wakes the wait at once (its pidfd; SIGCHLD could be
+  // the stager's); forwarded signals are looked for every 20 ms.
+  Fd ended(pidfd_open(child, 0));
   for (;;) {
     int st = 0;
     pid_t r = waitpid(child, &st, WNOHANG);
     if (r == child) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     if (r < 0 && errno != EINTR) return 127;
-    // SIGCHLD of the stager must not be mistaken for the command's: poll.
-    pollfd p{.fd = ready, .events = POLLIN};
-    if (poll(&p, ready >= 0 ? 1 : 0, 20) > 0) {
+    pollfd p[2] = {{.fd = ready, .events = POLLIN}, {.fd = ended.get(), .events = POLLIN}};
+    if (poll(p, 2, 20) > 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
       char buf[512];
       ssize_t n = read(ready, buf, sizeof buf);
       if (n > 0) line.append(buf, size_t(n));

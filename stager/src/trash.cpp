@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,6 +155,13 @@ bool start_purge(const std::string& trash_dir, const std::string& log,
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   return true;
+}
+
+void lowest_priority() {
+  // ioprio_set(2) has no glibc wrapper.
+  constexpr int kWhoProcess = 1, kClassBestEffort = 2, kLowest = 7, kClassShift = 13;
+  (void)!nice(19);
+  syscall(SYS_ioprio_set, kWhoProcess, 0, (kClassBestEffort << kClassShift) | kLowest);
 }
 
 }  // namespace monarch

@@ -38,6 +38,10 @@ struct PurgeResult {
 // holds it. Entries moved in while it runs are deleted too.
 PurgeResult purge_trash(int trash_fd);
 
+// Puts the calling process at the lowest CPU and I/O priority (best-effort
+// class, lowest level): deletion in the background never competes with jobs.
+void lowest_priority();
+
 // Starts `monarch-purge DIR [--log FILE]` (installed with Monarch) detached:
 // its own session, nobody's child, stdin and stdout on /dev/null, its one
 // summary line appended to `log` ("" for none). The descriptors `hand_over`

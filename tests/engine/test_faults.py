@@ -122,8 +122,12 @@ class Faults(Case):
         victim = sorted(k for k in self.ref if k.startswith("images/"))[0]
         path = os.path.join(root, victim)
 
+        conf = os.path.join(t, "restart.conf")
+        with open(conf, "w") as f:  # a local disk: copy_fast_dataset keeps the stager copying
+            f.write(f"copy_fast_dataset = yes\n[tier.a]\npath = {t}\nquota = 1G\n")
+
         def start():
-            s = subprocess.Popen([STAGER, "--dataset", root, "--job", job, "--tier", t])
+            s = subprocess.Popen([STAGER, "--dataset", root, "--job", job, "--config", conf])
             wait_for(lambda: os.path.exists(os.path.join(t, "monarch-" + job, "ctl.sock")),
                      what="stager ready")
             return s
@@ -526,8 +530,11 @@ print(during, wrong)
             self.assertEqual(proc.returncode, rc, f"{name}: {err}")
             if sig:
                 self.assertIn("forwarded", err, name)
+            # The run's directory leaves the tier at once; its deletion goes
+            # on in the background and ends.
             self.assertEqual(job_dirs(t), [], f"{name}: copies left")
             self.assertEqual(stager_pids(t), [], f"{name}: stager left")
+            wait_for(lambda: not os.listdir(t), timeout=30, what=f"{name}: the copies deleted")
         # A closed stderr: monarch-run's own output cannot be written.
         t = tier(self)
         subprocess.run(["sh", "-c", f"{MONARCH_RUN} --dataset {self.root} --tier {t} -- "

@@ -91,7 +91,11 @@ class Lifecycle(unittest.TestCase):
               "/usr/bin/monarch-run -q --dataset /var/tmp/monarch-lifecycle-data "
               "--tier /var/tmp/monarch-lifecycle-tier:10M -- "
               "cat /var/tmp/monarch-lifecycle-data/a >/dev/null\n"
-              "rmdir /var/tmp/monarch-lifecycle-tier  # fails unless monarch-run left it empty\n"
+              "# monarch-run deletes its copies in the background: rmdir fails unless\n"
+              "# the deletion ends, and leaves the tier empty.\n"
+              "for i in $(seq 100); do rmdir /var/tmp/monarch-lifecycle-tier 2>/dev/null && break;"
+              " sleep 0.1; done\n"
+              "test ! -e /var/tmp/monarch-lifecycle-tier\n"
               "rm -r /var/tmp/monarch-lifecycle-data")
 
         # The admin edits both configuration files, then upgrades between jobs.
