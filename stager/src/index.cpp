@@ -33,28 +33,33 @@ struct Rec {
 
 // Paces the walk's metadata calls (stat, opendir) to `rate` per second, over
 // all threads: a token bucket that lends at most 100 ms of calls ahead.
+// Its waits end early when the walk is stopped.
 class Pace {
  public:
-  explicit Pace(uint64_t rate) : rate_(rate), start_ns_(monotonic_ns()) {}
+  Pace(uint64_t rate, const std::atomic<bool>* stop)
+      : rate_(rate), start_ns_(monotonic_ns()), stop_(stop) {}
   void one() {
     uint64_t n = calls_.fetch_add(1, std::memory_order_relaxed);
     if (!rate_) return;
     uint64_t due = start_ns_ + n * 1'000'000'000 / rate_;
-    uint64_t now = monotonic_ns();
-    if (due > now + 100'000'000) {
-      timespec ts{time_t((due - now) / 1'000'000'000), long((due - now) % 1'000'000'000)};
+    for (uint64_t now = monotonic_ns(); due > now + 100'000'000 && !stopped();
+         now = monotonic_ns()) {
+      uint64_t nap = std::min<uint64_t>(due - now, 50'000'000);
+      timespec ts{0, long(nap)};
       nanosleep(&ts, nullptr);
     }
   }
+  bool stopped() const { return stop_ && stop_->load(std::memory_order_relaxed); }
   uint64_t calls() const { return calls_.load(); }
 
  private:
   uint64_t rate_, start_ns_;
+  const std::atomic<bool>* stop_;
   std::atomic<uint64_t> calls_{0};
 };
 
 struct WalkState {
-  explicit WalkState(uint64_t rate) : pace(rate) {}
+  WalkState(uint64_t rate, const std::atomic<bool>* stop) : pace(rate, stop) {}
   tbb::enumerable_thread_specific<std::vector<Rec>> files;
   tbb::enumerable_thread_specific<std::vector<Rec>> dirs_found;  // below the root
   std::atomic<uint64_t> dirs{0}, skipped{0}, unreadable{0};
@@ -68,6 +73,7 @@ std::string join(const std::string& dir, const char* name) {
 // Lists one directory (relative to root_fd); feeds subdirectories back.
 template <typename Feeder>
 void walk_dir(int root_fd, const std::string& rel, WalkState& w, Feeder& feeder) {
+  if (w.pace.stopped()) return;
   w.pace.one();
   int fd = rel.empty()
                ? dup(root_fd)
@@ -83,6 +89,7 @@ void walk_dir(int root_fd, const std::string& rel, WalkState& w, Feeder& feeder)
   if (!rel.empty() && fstat(fd, &dst) == 0) w.dirs_found.local().push_back(Rec{rel, dst});
   auto& out = w.files.local();
   while (dirent* e = readdir(d)) {
+    if (w.pace.stopped()) break;
     const char* name = e->d_name;
     if (name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0))) continue;
     if (e->d_type == DT_DIR) {
@@ -149,7 +156,7 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   struct stat root_st;
   if (fstat(root_fd, &root_st) != 0) root_st = {};
 
-  WalkState w(opt.index_rate);
+  WalkState w(opt.index_rate, opt.stop);
   std::vector<std::string> top{""};
   {
     // The walk waits on the metadata server, not on the CPU: kWalkThreads
@@ -164,6 +171,7 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
     });
   }
   close(root_fd);
+  stats.stopped = w.pace.stopped();
 
   std::vector<Rec> files;
   for (auto& v : w.files) {

@@ -2,6 +2,7 @@
 // every regular file once per node, then a single file that all processes map.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -20,6 +21,9 @@ struct IndexOptions {
   uint64_t stall_ns = 0;
   uint64_t generation = 0;
   uint64_t index_rate = 0;  // metadata calls per second the walk may make, 0: unpaced
+  // Set while the walk runs (the job ended before its index was complete):
+  // the walk ends at once, and the map holds the files found so far.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct IndexStats {
@@ -28,6 +32,7 @@ struct IndexStats {
   uint64_t unreadable = 0;      // directories that could not be listed
   double seconds = 0;           // walk and write
   uint64_t metadata_calls = 0;  // stat and opendir calls the walk made
+  bool stopped = false;         // the walk ended early (IndexOptions::stop)
 };
 
 // A mapped job map, owned: unmapped on destruction.

@@ -236,6 +236,9 @@ std::vector<Fallback> fallbacks(const pt::ptree& t, const Figures& f) {
       "from the PFS");
   add("index.unreadable_dirs", num(t, "index.unreadable_dirs"),
       "dataset directories could not be listed: their files are not cached");
+  add("index.stopped", num(t, "index.stopped"),
+      "walk of the dataset stopped by the job's end: the figures count only the files it had "
+      "found");
   return out;
 }
 

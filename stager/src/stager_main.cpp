@@ -378,7 +378,8 @@ struct Stager {
                     .small_file_max = jobwide ? 0 : config.small_file_max,
                     .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000,
                     .generation = random64(),
-                    .index_rate = config.index_rate};
+                    .index_rate = config.index_rate,
+                    .stop = &stop};
     try {
       map = make_index(io, [this](JobMap& m) {
         adopt(m);
@@ -548,13 +549,40 @@ struct Stager {
     }
   }
 
+  // Stops the stager's threads (and a walk under way): from the signal thread.
+  void request_stop() {
+    {
+      std::lock_guard lock(stop_mu);
+      stop = true;
+    }
+    stop_cv.notify_all();
+    uint64_t one = 1;
+    (void)!write(stop_fd, &one, sizeof one);
+  }
+
   int run() {
     sigset_t set;
     sigemptyset(&set);
     for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);  // threads inherit the mask; main waits
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);  // threads inherit the mask
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);  // a copy above the job's file size limit fails with EFBIG
+    // Signals are taken by a thread of their own from the start: a job that
+    // ends while its index is still being walked (a dataset of millions of
+    // files) stops the walk, instead of waiting for it to end.
+    std::atomic<int> sig{0};
+    std::thread signals([&] {
+      int s = 0;
+      sigwait(&set, &s);
+      sig = s;
+      request_stop();
+    });
+    struct Joiner {  // every return joins it (one more signal ends a wait still going)
+      std::thread& t;
+      ~Joiner() {
+        if (t.joinable()) pthread_kill(t.native_handle(), SIGTERM), t.join();
+      }
+    } joiner{signals};
 
     fetch_early_index();
     tell(opt.ready_fd, "ready");
@@ -566,8 +594,11 @@ struct Stager {
       return 1;
     }
     if (opt.ready_fd >= 0) close(opt.ready_fd);
+    if (index_stats.stopped)
+      spdlog::info("stopped while walking the dataset: the map holds the {} files found",
+                   index_stats.files);
     if (jobwide) jobwide->serving(map.map(), *copier, tier_fds);  // homes need the map
-    copier->start();
+    if (!stop) copier->start();
     std::thread receiver([this] { receive(); });
     std::thread ticker([this] { tick(); });
     write_stats(false);
@@ -578,17 +609,9 @@ struct Stager {
       close(null);
     }
 
-    int sig = 0;
-    sigwait(&set, &sig);
-    spdlog::info("stopping on signal {}", sig);
+    signals.join();
+    spdlog::info("stopping on signal {}", sig.load());
     map.map().header().stopping = 1;
-    {
-      std::lock_guard lock(stop_mu);
-      stop = true;
-    }
-    stop_cv.notify_all();
-    uint64_t one = 1;
-    (void)!write(stop_fd, &one, sizeof one);
     receiver.join();
     ticker.join();
     if (jobwide) jobwide->stop();  // the job's other nodes read the PFS from now on

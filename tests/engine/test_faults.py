@@ -553,6 +553,33 @@ print(during, wrong)
         wait_for(lambda: not job_dirs(t) and not stager_pids(t), timeout=30,
                  what="the copies removed after monarch-run was killed")
 
+    def test_a_run_that_ends_during_the_walk_stops_at_once(self):
+        # A dataset whose walk is paced to 20 s (20,000 files, index_rate
+        # 1000): a command that ends after 0.3 s ends the run at once, the
+        # walk stopped, its statistics written and saying so (issue 11: the
+        # stager took signals only after the walk and was killed at
+        # stop_timeout, with no statistics, on 1.28 million files).
+        root = tempfile.mkdtemp(prefix="monarch-many-")
+        self.addCleanup(shutil.rmtree, root, True)
+        for d in range(20):
+            os.mkdir(os.path.join(root, f"d{d}"))
+            for i in range(1000):
+                open(os.path.join(root, f"d{d}", f"f{i}"), "w").close()
+        t = tier(self)
+        conf = conf_file(self, t, index_rate="1000")
+        report = os.path.join(t, "report.json")
+        start = time.monotonic()
+        p = run(["sleep", "0.3"], monarch=["--dataset", root, "--config", conf, "--report", report])
+        took = time.monotonic() - start
+        self.assertLess(took, 3, p.stderr)
+        self.assertNotIn("did not stop", p.stderr)
+        self.assertIn("walk of the dataset stopped by the job's end", p.stderr)
+        with open(report) as f:
+            index = json.load(f)["index"]
+        self.assertEqual(index["stopped"], 1)
+        self.assertLess(index["files"], 20000)
+        self.assertEqual(stager_pids(t), [])
+
     def test_scribbled_job_map_kills_nobody(self):
         # A process of the job writes garbage over the map's live fields while
         # the job reads: nobody dies, the bytes stay right.
