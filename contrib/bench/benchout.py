@@ -148,9 +148,15 @@ def scenario_table(sc):
 def scale_text(x):
     lines = [f"\n== scale: {x['files']} files in {x['dirs']} folders on the emulated PFS, "
              f"{x['stat_latency_us']} us a stat (LOOKUP, GETATTR)",
-             f"first read, launch to bytes (medians of {len(x['first']['direct'])}): direct "
-             f"{x['first_direct'] * 1000:.1f} ms, Monarch {x['first_Monarch'] * 1000:.1f} ms "
+             f"first read, launch to bytes (medians of {len(x['first']['direct'])}), caches "
+             f"dropped: direct {x['first_direct'] * 1000:.1f} ms, Monarch "
+             f"{x['first_Monarch'] * 1000:.1f} ms "
              f"(+{(x['first_Monarch'] - x['first_direct']) * 1000:.1f} ms)"]
+    if "first_warm_direct" in x:
+        lines.append(f"first read, programs in the page cache: direct "
+                     f"{x['first_warm_direct'] * 1000:.1f} ms, Monarch "
+                     f"{x['first_warm_Monarch'] * 1000:.1f} ms "
+                     f"(+{(x['first_warm_Monarch'] - x['first_warm_direct']) * 1000:.1f} ms)")
     for name in ("unpaced", "paced"):
         r = x.get(name)
         if not r:
@@ -403,10 +409,13 @@ def goals(results):
                 b <= 0.15 * S)
     x = results.get("scale")
     if x:
-        d = x["first_Monarch"] - x["first_direct"]
-        add(f"scale ({x['files']} files): first read within 20 ms of the direct run's",
-            f"{x['first_Monarch'] * 1000:.1f} ms vs {x['first_direct'] * 1000:.1f} ms "
-            f"(+{d * 1000:.1f} ms)", d <= 0.020)
+        for key, how in (("first", "caches dropped"), ("first_warm", "programs cached")):
+            if f"{key}_direct" not in x:
+                continue
+            m, d = x[f"{key}_Monarch"], x[f"{key}_direct"]
+            add(f"scale ({x['files']} files): first read within 20 ms of the direct run's, {how}",
+                f"{m * 1000:.1f} ms vs {d * 1000:.1f} ms (+{(m - d) * 1000:.1f} ms)",
+                m - d <= 0.020)
         for name in ("unpaced", "paced"):
             r = x.get(name)
             if not r:

@@ -4,9 +4,21 @@
 // alone is answered, on a stream socket of its own).
 #pragma once
 
+#include <signal.h>
+
 #include <cstdint>
 
 namespace monarch {
+
+// A stager is stopped by SIGTERM (SIGINT and SIGHUP too), taken with
+// sigwait. Its launcher keeps them blocked across exec, so that one sent
+// while the stager starts waits for it instead of ending it unprepared.
+inline sigset_t stager_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  return set;
+}
 
 enum class Request : uint32_t {
   kPlace = 1,     // copy this file soon: a reader is reading it now

@@ -26,6 +26,7 @@ extern "C" {
 #include "config.h"
 #include "fd.h"
 #include "jobmap.h"
+#include "protocol.h"
 #include "remove_tree.h"
 #include "report.h"
 #include "trash.h"
@@ -179,12 +180,10 @@ Options parse(int argc, char** argv) {
 }
 
 pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>* env,
-            int keep_fd) {
+            int keep_fd, const sigset_t& mask) {
   pid_t pid = fork();
   if (pid != 0) return pid;
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
   signal(SIGPIPE, SIG_DFL);  // monarch-run ignores it; the command must not
   std::vector<char*> argv, envp;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -312,22 +311,6 @@ int main(int argc, char** argv) {
   std::string job = "run-" + std::to_string(getpid());
   std::string dir = exe_dir();
 
-  int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
-  std::vector<std::string> sargs = {
-      find_file({dir + "/monarch-stager", MONARCH_BINDIR "/monarch-stager"}),
-      "--dataset",
-      opt.dataset,
-      "--job",
-      job,
-      "--ready-fd",
-      std::to_string(pipefd[1]),
-      "--exit-with-parent"};
-  if (!opt.keep) sargs.push_back("--remove-if-orphaned");
-  if (opt.config_given) sargs.insert(sargs.end(), {"--config", opt.config});
-  for (const std::string& t : opt.tiers) sargs.insert(sargs.end(), {"--tier", t});
-  pid_t stager = spawn(sargs, nullptr, pipefd[1]);
-  close(pipefd[1]);
   bool monarch = true;
 
   // The command's environment: the library appended to LD_PRELOAD.
@@ -354,7 +337,30 @@ int main(int argc, char** argv) {
     env.push_back(std::string(kEnvJobDir) + "=" + job_dir0);
   }
 
-  pid_t child = spawn(opt.command, &env, -1);
+  // The command first, the stager beside it: the job's start (a cold start
+  // reads the program and its libraries from disk) never queues behind the
+  // stager's. Its reads go to the PFS until the stager publishes the map.
+  sigset_t none;
+  sigemptyset(&none);
+  pid_t child = spawn(opt.command, &env, -1, none);
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+  std::vector<std::string> sargs = {
+      find_file({dir + "/monarch-stager", MONARCH_BINDIR "/monarch-stager"}),
+      "--dataset",
+      opt.dataset,
+      "--job",
+      job,
+      "--ready-fd",
+      std::to_string(pipefd[1]),
+      "--exit-with-parent"};
+  if (!opt.keep) sargs.push_back("--remove-if-orphaned");
+  if (opt.config_given) sargs.insert(sargs.end(), {"--config", opt.config});
+  for (const std::string& t : opt.tiers) sargs.insert(sargs.end(), {"--tier", t});
+  // Its stop signals stay blocked across exec: one sent while it starts
+  // waits for it (it takes them with sigwait), never ends it unprepared.
+  pid_t stager = spawn(sargs, nullptr, pipefd[1], stager_signals());
+  close(pipefd[1]);
   int forwarded = 0;
   std::vector<RunDir> dirs;
   int status = wait_forwarding(child, set, pipefd[0], forwarded, monarch,

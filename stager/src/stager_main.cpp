@@ -561,9 +561,7 @@ struct Stager {
   }
 
   int run() {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+    sigset_t set = stager_signals();
     pthread_sigmask(SIG_BLOCK, &set, nullptr);  // threads inherit the mask
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);  // a copy above the job's file size limit fails with EFBIG
@@ -673,6 +671,10 @@ int main(int argc, char** argv) {
   // through it start processes the job's end would not see), nor read its
   // memory; /proc/PID files become root's.
   prctl(PR_SET_DUMPABLE, 0);
+  // Its stop signals wait until run() takes them (a launcher that did not
+  // keep them blocked leaves a window only up to here).
+  sigset_t stop_signals = stager_signals();
+  sigprocmask(SIG_BLOCK, &stop_signals, nullptr);
   Options opt;
   try {
     opt = parse_args(argc, argv);

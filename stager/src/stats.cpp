@@ -227,8 +227,8 @@ std::string Stats::json(bool complete, double fill_seconds) const {
     << ",\"dirs\":" << index_.dirs << ",\"skipped\":" << index_.skipped
     << ",\"unreadable_dirs\":" << index_.unreadable
     << ",\"metadata_calls\":" << index_.metadata_calls << ",\"seconds\":" << index_.seconds
-    << ",\"stopped\":" << (index_.stopped ? 1 : 0)
-    << ",\"map_bytes\":" << map_.header().file_size << "}";
+    << ",\"stopped\":" << (index_.stopped ? 1 : 0) << ",\"map_bytes\":" << map_.header().file_size
+    << "}";
   o << ",\"cached\":{\"files\":" << cached.files << ",\"bytes\":" << cached.bytes
     << ",\"fill_seconds\":" << fill_seconds << "}";
   o << ",\"totals\":";
