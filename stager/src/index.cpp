@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <tbb/enumerable_thread_specific.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <map>
 #include <stdexcept>
+#include <thread>
 #include <tuple>
 
 namespace monarch {
@@ -70,9 +72,17 @@ std::string join(const std::string& dir, const char* name) {
   return dir.empty() ? std::string(name) : dir + "/" + name;
 }
 
+// The walk runs while the job starts and reads (its reads pass through to the
+// PFS until the map exists): its threads take the CPU only when the job does
+// not want it. A million-file walk on 2 cores took the job's first read from
+// 20 ms to 50-185 ms at the default priority, 29 ms at this one.
+constexpr int kWalkNice = 19;
+
 // Lists one directory (relative to root_fd); feeds subdirectories back.
 template <typename Feeder>
 void walk_dir(int root_fd, const std::string& rel, WalkState& w, Feeder& feeder) {
+  thread_local bool niced = setpriority(PRIO_PROCESS, id_t(gettid()), kWalkNice) == 0;
+  (void)niced;
   if (w.pace.stopped()) return;
   w.pace.one();
   int fd = rel.empty()
@@ -162,13 +172,16 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
     // The walk waits on the metadata server, not on the CPU: kWalkThreads
     // calls in flight whatever the core count (oneTBB's default is one
     // thread a core, so tbb::global_control lifts its limit for the walk).
-    tbb::global_control allow(tbb::global_control::max_allowed_parallelism, kWalkThreads);
-    tbb::task_arena arena(kWalkThreads);
-    arena.execute([&] {
-      tbb::parallel_for_each(top.begin(), top.end(), [&](const std::string& rel, auto& feeder) {
-        walk_dir(root_fd, rel, w, feeder);
+    // From a thread of its own, so that the caller's priority stays its own.
+    std::thread([&] {
+      tbb::global_control allow(tbb::global_control::max_allowed_parallelism, kWalkThreads);
+      tbb::task_arena arena(kWalkThreads);
+      arena.execute([&] {
+        tbb::parallel_for_each(top.begin(), top.end(), [&](const std::string& rel, auto& feeder) {
+          walk_dir(root_fd, rel, w, feeder);
+        });
       });
-    });
+    }).join();
   }
   close(root_fd);
   stats.stopped = w.pace.stopped();
