@@ -182,8 +182,15 @@ JobMap* load_map() {
   std::snprintf(path, sizeof path, "%s/%s", P.job_dir, kIndexName);
   int fd = real::open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   struct stat st;
-  if (fd >= 0 && real::fstat(fd, &st) == 0 && (!result || st.st_ino != P.index_ino) &&
-      S_ISREG(st.st_mode) && size_t(st.st_size) >= sizeof(Header)) {
+  // Only a map of this process's own user, that nobody else can write: in a
+  // shared tier (mode 1777) another user could have made the job directory
+  // first and put a map of theirs there, pointing reads at their bytes.
+  bool owned = fd >= 0 && real::fstat(fd, &st) == 0 &&
+               (st.st_uid == geteuid() || st.st_uid == getuid()) && !(st.st_mode & 022);
+  if (fd >= 0 && !owned && !P.owner_noted.exchange(1))
+    note("%s is not this user's own file: reading from the PFS", path);
+  if (owned && (!result || st.st_ino != P.index_ino) && S_ISREG(st.st_mode) &&
+      size_t(st.st_size) >= sizeof(Header)) {
     void* base = real::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     // The JobMap itself in a page of its own, not from malloc: the first
     // look may come from a signal handler's open, which must stay

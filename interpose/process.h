@@ -32,7 +32,8 @@ struct Process {
   std::atomic<JobMap*> map;
   std::atomic<uint64_t> next_load_ns;
   std::atomic<int> loading;
-  std::atomic<int> fuse_noted;  // the job directory on FUSE was said once
+  std::atomic<int> fuse_noted;   // the job directory on FUSE was said once
+  std::atomic<int> owner_noted;  // a map not the user's own was said once
   ino_t index_ino;
   sockaddr_un addr;
   socklen_t addr_len;

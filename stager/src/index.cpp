@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <stdexcept>
 #include <thread>
@@ -172,16 +173,26 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
     // The walk waits on the metadata server, not on the CPU: kWalkThreads
     // calls in flight whatever the core count (oneTBB's default is one
     // thread a core, so tbb::global_control lifts its limit for the walk).
-    // From a thread of its own, so that the caller's priority stays its own.
+    // From a thread of its own, so that the caller's priority stays its own;
+    // what the walk throws (bad_alloc under a memory limit) is thrown here.
+    std::exception_ptr failed;
     std::thread([&] {
-      tbb::global_control allow(tbb::global_control::max_allowed_parallelism, kWalkThreads);
-      tbb::task_arena arena(kWalkThreads);
-      arena.execute([&] {
-        tbb::parallel_for_each(top.begin(), top.end(), [&](const std::string& rel, auto& feeder) {
-          walk_dir(root_fd, rel, w, feeder);
+      try {
+        tbb::global_control allow(tbb::global_control::max_allowed_parallelism, kWalkThreads);
+        tbb::task_arena arena(kWalkThreads);
+        arena.execute([&] {
+          tbb::parallel_for_each(top.begin(), top.end(), [&](const std::string& rel, auto& feeder) {
+            walk_dir(root_fd, rel, w, feeder);
+          });
         });
-      });
+      } catch (...) {
+        failed = std::current_exception();
+      }
     }).join();
+    if (failed) {
+      close(root_fd);
+      std::rethrow_exception(failed);
+    }
   }
   close(root_fd);
   stats.stopped = w.pace.stopped();

@@ -235,7 +235,8 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
   }
 }
 
-std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& why, bool& final) {
+std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& why, bool& final,
+                                                const std::atomic<bool>* stop) {
   Request r{.type = kIndex};
   std::vector<char> reply;
   uint64_t deadline = now_ns() + wait_ms * 1'000'000;
@@ -257,6 +258,10 @@ std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& w
     }
     if (st.code == peers::Code::refused) {
       why = walker + " refused this job's key";
+      return std::nullopt;
+    }
+    if (stop && stop->load()) {  // the job ended meanwhile
+      why = "stopped before " + walker + " sent the index";
       return std::nullopt;
     }
     // Not listening yet (its stager starts with its first step there), or

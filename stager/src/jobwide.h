@@ -63,7 +63,8 @@ class JobWide : public PeerSource {
   // The index from the walking node, in wire form, waiting at most wait_ms;
   // nullopt and why when it did not come. final: asking again is pointless
   // (the node refused or has none); otherwise the time was too short.
-  std::optional<std::string> fetch_index(uint64_t wait_ms, std::string& why, bool& final);
+  std::optional<std::string> fetch_index(uint64_t wait_ms, std::string& why, bool& final,
+                                         const std::atomic<bool>* stop = nullptr);
   // The map is published here: serving starts (the index, when this node
   // walked it; files). Before that, requests wait.
   void serving(JobMap& map, Copier& copier, std::vector<int> tier_fds);

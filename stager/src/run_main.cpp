@@ -15,6 +15,7 @@ extern "C" {
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -125,9 +126,22 @@ void remove_copies(std::vector<RunDir> dirs) {
   if (dirs.empty()) return;
   pid_t child = fork();
   if (child == 0) {
-    // Whoever reads the run's output sees its end now, not the deletion's.
+    // Whoever reads the run's output sees its end now, not the deletion's:
+    // no descriptor but the directories' is kept (a caller's pipe would
+    // otherwise see its end only when the deletion ends).
+    std::vector<int> keep;
+    for (const RunDir& d : dirs) keep.insert(keep.end(), {d.parent.get(), d.dir.get()});
+    std::sort(keep.begin(), keep.end());
+    unsigned from = 3;
+    for (int fd : keep) {
+      if (fd > int(from)) close_range(from, unsigned(fd) - 1, 0);
+      from = std::max(from, unsigned(fd) + 1);
+    }
+    close_range(from, ~0U, 0);
     int null = open("/dev/null", O_RDWR);
     for (int fd = 0; fd < 3; ++fd) dup2(null, fd);
+    if (null > 2) close(null);
+    (void)!chdir("/");
     setsid();
     sigset_t none;
     sigemptyset(&none);
@@ -179,8 +193,8 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>* env,
-            int keep_fd, const sigset_t& mask) {
+pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>* env, int keep_fd,
+            const sigset_t& mask) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   sigprocmask(SIG_SETMASK, &mask, nullptr);
@@ -337,14 +351,15 @@ int main(int argc, char** argv) {
     env.push_back(std::string(kEnvJobDir) + "=" + job_dir0);
   }
 
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
   // The command first, the stager beside it: the job's start (a cold start
   // reads the program and its libraries from disk) never queues behind the
   // stager's. Its reads go to the PFS until the stager publishes the map.
   sigset_t none;
   sigemptyset(&none);
   pid_t child = spawn(opt.command, &env, -1, none);
-  int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+  if (child < 0) fail(std::string("cannot start the command: fork: ") + std::strerror(errno));
   std::vector<std::string> sargs = {
       find_file({dir + "/monarch-stager", MONARCH_BINDIR "/monarch-stager"}),
       "--dataset",
@@ -361,6 +376,13 @@ int main(int argc, char** argv) {
   // waits for it (it takes them with sigwait), never ends it unprepared.
   pid_t stager = spawn(sargs, nullptr, pipefd[1], stager_signals());
   close(pipefd[1]);
+  if (stager < 0) {  // the command runs on, without Monarch's copies
+    say(std::string("monarch-run: Monarch is off for this run: cannot start the stager: fork: ") +
+        std::strerror(errno) + "; reading from the PFS\n");
+    close(pipefd[0]);
+    pipefd[0] = -1;
+    monarch = false;
+  }
   int forwarded = 0;
   std::vector<RunDir> dirs;
   int status = wait_forwarding(child, set, pipefd[0], forwarded, monarch,
@@ -369,10 +391,12 @@ int main(int argc, char** argv) {
     say(std::string("monarch-run: forwarded ") + strsignal(forwarded) +
         " to the command; stopping the stager and removing the copies\n");
 
-  stop(stager, config.stop_timeout_s);
-  std::ifstream in(job_dir0 + "/" + kStatsName);
+  if (stager > 0) stop(stager, config.stop_timeout_s);
   std::stringstream stats;
-  stats << in.rdbuf();
+  {
+    std::ifstream in(job_dir0 + "/" + kStatsName);  // closed before the deleter forks
+    stats << in.rdbuf();
+  }
   if (!opt.report.empty()) {
     std::ofstream out(opt.report);
     out << stats.str();

@@ -366,7 +366,7 @@ struct Stager {
       std::optional<std::string> wire = std::move(early_index);
       if (!wire && !final) {
         uint64_t left = std::max(1u, config.start_timeout_s) * 1000ull - kEarlyIndexMs;
-        wire = jobwide->fetch_index(left, why, final);
+        wire = jobwide->fetch_index(left, why, final, &stop);
       }
       if (wire) {
         try {
@@ -396,7 +396,7 @@ struct Stager {
   bool early_final = false;
   void fetch_early_index() {
     if (jobwide && !jobwide->walks())
-      early_index = jobwide->fetch_index(kEarlyIndexMs, early_why, early_final);
+      early_index = jobwide->fetch_index(kEarlyIndexMs, early_why, early_final, &stop);
   }
 
   // The index, then the copier and the statistics: after start() has said
@@ -630,7 +630,11 @@ struct Stager {
     if (index_stats.stopped)
       spdlog::info("stopped while walking the dataset: the map holds the {} files found",
                    index_stats.files);
-    if (jobwide) jobwide->serving(map.map(), *copier, tier_fds);  // homes need the map
+    // Homes need the map; a walk cut short is no index for the job's other nodes.
+    if (jobwide && index_stats.stopped)
+      jobwide->stop();  // idempotent; the copier keeps its pointer, and copies nothing
+    else if (jobwide)
+      jobwide->serving(map.map(), *copier, tier_fds);
     if (!stop) copier->start();
     std::thread receiver([this] { receive(); });
     std::thread ticker([this] { tick(); });

@@ -6,6 +6,7 @@ import contextlib
 import json
 import mmap
 import os
+import pwd
 import random
 import shutil
 import signal
@@ -552,6 +553,28 @@ print(during, wrong)
         proc.wait()
         wait_for(lambda: not job_dirs(t) and not stager_pids(t), timeout=30,
                  what="the copies removed after monarch-run was killed")
+
+    def test_a_map_of_another_user_is_never_used(self):
+        # In a shared tier (mode 1777) another user may make the job directory
+        # first, with a map of theirs: the library reads from the PFS instead.
+        t = tier(self)
+        job = "planted"
+        stager = subprocess.Popen([STAGER, "--dataset", self.root, "--job", job, "--tier", t])
+        index = os.path.join(t, "monarch-" + job, "index")
+        wait_for(lambda: os.path.exists(index), what="the map")
+        stager.terminate()
+        stager.wait()
+        ensure_user()
+        os.chown(index, pwd.getpwnam(TEST_USER).pw_uid, -1)
+        victim = sorted(k for k in self.ref if k.startswith("images/"))[0]
+        env = dict(os.environ, LD_PRELOAD=LIBRARY, MONARCH_DATASET=self.root,
+                   MONARCH_JOB_DIR=os.path.dirname(index), MONARCH_LOG="1")
+        p = subprocess.run([PY, "-c", "import hashlib,sys; print(hashlib.md5(open(sys.argv[1], "
+                            "'rb').read()).hexdigest())", os.path.join(self.root, victim)],
+                           env=env, capture_output=True, text=True, check=True)
+        self.assertEqual(p.stdout.strip(), self.ref[victim])
+        self.assertIn("is not this user's own file", p.stderr)
+        self.assertNotIn("using the job map", p.stderr)
 
     def test_a_run_that_ends_during_the_walk_stops_at_once(self):
         # A dataset whose walk is paced to 20 s (20,000 files, index_rate
