@@ -169,13 +169,13 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
 
   WalkState w(opt.index_rate, opt.stop);
   std::vector<std::string> top{""};
+  std::exception_ptr failed;
   {
     // The walk waits on the metadata server, not on the CPU: kWalkThreads
     // calls in flight whatever the core count (oneTBB's default is one
     // thread a core, so tbb::global_control lifts its limit for the walk).
     // From a thread of its own, so that the caller's priority stays its own;
     // what the walk throws (bad_alloc under a memory limit) is thrown here.
-    std::exception_ptr failed;
     std::thread([&] {
       try {
         tbb::global_control allow(tbb::global_control::max_allowed_parallelism, kWalkThreads);
@@ -189,12 +189,9 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
         failed = std::current_exception();
       }
     }).join();
-    if (failed) {
-      close(root_fd);
-      std::rethrow_exception(failed);
-    }
   }
   close(root_fd);
+  if (failed) std::rethrow_exception(failed);
   stats.stopped = w.pace.stopped();
 
   std::vector<Rec> files;

@@ -630,11 +630,9 @@ struct Stager {
     if (index_stats.stopped)
       spdlog::info("stopped while walking the dataset: the map holds the {} files found",
                    index_stats.files);
-    // Homes need the map; a walk cut short is no index for the job's other nodes.
-    if (jobwide && index_stats.stopped)
-      jobwide->stop();  // idempotent; the copier keeps its pointer, and copies nothing
-    else if (jobwide)
-      jobwide->serving(map.map(), *copier, tier_fds);
+    // Homes need the map; a walk cut short is no index for the job's other
+    // nodes (the stop below ends jobwide's service).
+    if (jobwide && !index_stats.stopped) jobwide->serving(map.map(), *copier, tier_fds);
     if (!stop) copier->start();
     std::thread receiver([this] { receive(); });
     std::thread ticker([this] { tick(); });

@@ -123,9 +123,7 @@ class Faults(Case):
         victim = sorted(k for k in self.ref if k.startswith("images/"))[0]
         path = os.path.join(root, victim)
 
-        conf = os.path.join(t, "restart.conf")
-        with open(conf, "w") as f:  # a local disk: copy_fast_dataset keeps the stager copying
-            f.write(f"copy_fast_dataset = yes\n[tier.a]\npath = {t}\nquota = 1G\n")
+        conf = conf_file(self, t, copy_fast_dataset="yes")  # a local disk: keep copying
 
         def start():
             s = subprocess.Popen([STAGER, "--dataset", root, "--job", job, "--config", conf])
