@@ -147,7 +147,7 @@ class Copier {
   // over 1 GbE: 0.03 GB/s a thread). Measured by the copy threads during a
   // job (contrib/bench/run, 4 readers and 4 copy threads on 2 busy cores;
   // judged after 8 files and 8 MiB, so that a job on a fast file system pays
-  // for few copies: 1% of the fast-file-system scenario instead of 8-13%):
+  // for few copies: 4% of the fast-file-system scenario instead of 8%):
   // the local disk 4-11 us an open, 0.14-0.18 GB/s a thread; the emulated
   // PFS (1 ms, 400 MB/s) 1.4-2.2 ms, 0.08-0.10 GB/s.
   static constexpr double kFastOpenUs = 100, kFastGBs = 0.1;

@@ -75,8 +75,9 @@ std::string join(const std::string& dir, const char* name) {
 
 // The walk runs while the job starts and reads (its reads pass through to the
 // PFS until the map exists): its threads take the CPU only when the job does
-// not want it. A million-file walk on 2 cores took the job's first read from
-// 20 ms to 50-185 ms at the default priority, 29 ms at this one.
+// not want it. A 1.28-million-file walk on 2 cores (contrib/bench/run --only
+// scale, programs cached): the job's first read 34 ms directly, 186 ms at the
+// default priority, 50 ms at this one.
 constexpr int kWalkNice = 19;
 
 // Lists one directory (relative to root_fd); feeds subdirectories back.
