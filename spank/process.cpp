@@ -16,10 +16,12 @@ extern "C" {
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <stdexcept>
 
 #include "fd.h"
+#include "jobmap.h"
 #include "proc.h"
 
 namespace monarch::spank {
@@ -181,9 +183,35 @@ void set_up_child(const ChildSetup& s, const Prepared& p, int err) {
 [[noreturn]] void launcher(char** argv, char** envp, const char* lock_path, bool wait,
                            unsigned timeout_s) {
   // Checked as the user: a stager of this job holds this lock while it runs.
+  // A stager that has exited may hold it a moment longer (its threads still
+  // exiting after its main thread is a zombie): that one is waited for,
+  // bounded, and a new stager started (a step right after a stager was
+  // killed found "running" and ran without one).
   int lock = open(lock_path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (lock >= 0) {
-    if (flock(lock, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    bool busy = flock(lock, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    if (busy) {
+      char dir[PATH_MAX];
+      const char* slash = std::strrchr(lock_path, '/');
+      size_t n = slash ? size_t(slash - lock_path) : 0;
+      int dfd = -1;
+      if (n > 0 && n < sizeof dir) {
+        std::memcpy(dir, lock_path, n);
+        dir[n] = 0;
+        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      }
+      if (dfd >= 0 && map_stager_exited(dfd)) {
+        for (int waited = 0; busy && waited < kExitedStagerWaitMs; waited += 20) {
+          struct timespec nap {
+            0, 20'000'000
+          };
+          nanosleep(&nap, nullptr);
+          busy = flock(lock, LOCK_SH | LOCK_NB) != 0;
+        }
+      }
+      if (dfd >= 0) close(dfd);
+    }
+    if (busy) {
       say(3, "running\n");
       _exit(0);
     }

@@ -1,7 +1,11 @@
 #include "jobmap.h"
 
+#include <fcntl.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 
@@ -298,6 +302,30 @@ bool copy_name(const JobMap& m, uint32_t file, char* out, size_t cap) {
 bool partial_name(const JobMap& m, uint32_t file, char* out, size_t cap) {
   int n = std::snprintf(out, cap, "%s/%llu-%u", kTmpDir, (unsigned long long)m.generation(), file);
   return n > 0 && size_t(n) < cap;
+}
+
+bool map_stager_exited(int job_dir_fd) {
+  int fd = openat(job_dir_fd, kIndexName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;
+  char magic[sizeof kMagic];
+  int32_t pid = 0;
+  bool read =
+      pread(fd, magic, sizeof magic, 0) == ssize_t(sizeof magic) &&
+      std::memcmp(magic, kMagic, sizeof kMagic) == 0 &&
+      pread(fd, &pid, sizeof pid, off_t(offsetof(Header, stager_pid))) == ssize_t(sizeof pid);
+  close(fd);
+  if (!read || pid <= 0) return false;
+  char path[64], stat[512];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", int(pid));
+  int sfd = open(path, O_RDONLY | O_CLOEXEC);
+  if (sfd < 0) return errno == ENOENT;  // gone
+  ssize_t n = ::read(sfd, stat, sizeof stat - 1);
+  close(sfd);
+  if (n <= 0) return false;
+  stat[n] = 0;
+  const char* paren =
+      std::strrchr(stat, ')');  // the name may hold anything, not after the last ')'
+  return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }
 
 }  // namespace monarch

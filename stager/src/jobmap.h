@@ -185,6 +185,16 @@ struct Header {
   CopySlot copies[kCopySlots];
 };
 
+// Whether the stager that made the job map in the job directory `job_dir_fd`
+// has exited or is exiting (its process gone, or a zombie whose threads may
+// still hold the job's lock a moment). False while it runs, and when no map
+// tells (still indexing). Raw system calls, nothing allocated: the plugin's
+// launcher calls it in a child forked from a multi-threaded slurmstepd.
+bool map_stager_exited(int job_dir_fd);
+// How long a new stager, or the launcher, waits for the lock of a stager
+// that has exited (map_stager_exited) before taking it as running.
+inline constexpr int kExitedStagerWaitMs = 3000;
+
 // How long a heartbeat stays fresh. Past it, readers stop waiting for copies.
 inline constexpr uint64_t kHeartbeatFreshNs = 2'000'000'000;
 // How long a file may wait in the copy queue before readers stop waiting for

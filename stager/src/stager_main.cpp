@@ -25,7 +25,6 @@
 #include <climits>
 #include <condition_variable>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -196,31 +195,13 @@ struct Stager {
     }
   }
 
-  // The lock is held by a stager whose map says it is not alive (killed: its
-  // threads may still be exiting, holding the lock, after its main thread is
-  // a zombie): waits for the lock, at most kDyingWaitMs. False when the
-  // holder is alive, or cannot be told (still indexing), or keeps the lock.
-  static constexpr int kDyingWaitMs = 3000;
-  // Whether process `pid` exists and has not exited (a zombie has).
-  static bool running(pid_t pid) {
-    if (pid <= 0) return false;
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    if (!std::getline(stat, line)) return false;
-    size_t paren = line.rfind(')');  // the name may hold anything, but not after the last ')'
-    return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z' &&
-           line[paren + 2] != 'X';
-  }
-  bool dying_holder_gone(int lock) {
-    try {
-      MappedMap old = open_index(tier_dirs[0] + "/" + kIndexName);
-      // Its heartbeat stays fresh for 2 s after a kill: its process says more.
-      if (old.map().stager_alive(monotonic_ns()) && running(old.map().header().stager_pid))
-        return false;
-    } catch (const std::runtime_error&) {
-      return false;
-    }
-    for (int waited = 0; waited < kDyingWaitMs; waited += 20) {
+  // The lock is held by a stager that has exited (killed: its threads may
+  // still be exiting, holding the lock, after its main thread is a zombie):
+  // waits for the lock, at most kExitedStagerWaitMs. False when the holder
+  // runs, or cannot be told (still indexing), or keeps the lock.
+  bool exited_holder_gone(int lock) {
+    if (!map_stager_exited(tier_fds[0])) return false;
+    for (int waited = 0; waited < kExitedStagerWaitMs; waited += 20) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       if (flock(lock, LOCK_EX | LOCK_NB) == 0) {
         spdlog::info("the job's previous stager is gone: this one takes over");
@@ -243,7 +224,7 @@ struct Stager {
     if (lock < 0)
       throw StartError("cannot open " + tier_dirs[0] + "/" + kLockName + ": " + errno_text(),
                        StartError::kNode);
-    if (flock(lock, LOCK_EX | LOCK_NB) != 0 && !dying_holder_gone(lock)) {
+    if (flock(lock, LOCK_EX | LOCK_NB) != 0 && !exited_holder_gone(lock)) {
       // One stager per job and node: it must serve the same dataset.
       std::string other;
       try {
