@@ -183,10 +183,12 @@ def rewrite(p, n):  # n new random bytes, from a process outside Monarch, like a
                     os.path.join(root, p), str(n)], env=env, check=True)
 out = [md5({small!r})]
 deadline = time.time() + 120
+# Both files are read again until their copies appear: a read made before
+# the stager's map exists (the command starts before the stager) asks for no copy.
 while not cached({small!r}) or not cached({large!r}):
     if time.time() > deadline:
         sys.exit("the copies of both files never appeared")
-    md5({large!r}); time.sleep(0.05)
+    md5({small!r}); md5({large!r}); time.sleep(0.05)
 rewrite({small!r}, 7000)
 out.append(md5({small!r}))
 # One open across a rewrite: the bytes of that open stay the old file's.
