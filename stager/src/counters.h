@@ -77,7 +77,7 @@ namespace monarch {
   X(peer_copies, "files copied from another node of the job")                             \
   X(peer_bytes, "bytes received from other nodes (those copies, and reads passed on)")    \
   X(peer_fallbacks, "copies from another node that went to the PFS instead")              \
-  X(served_bytes, "bytes this node sent to the job's other nodes")                        \
+  X(served_bytes, "bytes sent to other nodes (an answer sent again counts again)")        \
   X(peers_failed, "nodes of the job this node stopped asking (dead or unreachable)")      \
   X(index_received, "1 when the index came from another node instead of a walk")
 

@@ -111,7 +111,10 @@ class MultiNode(st.SlurmTest):
         for node, stats in reports.items():
             self.assertTrue(stats["complete"], node)
             self.assertEqual(stats["user"], user, node)
-            self.assertEqual(stats["cached"]["files"], len(files), node)
+            # Copies go on in the background until the epilog stops the
+            # stager: a one-epoch job may end before the last replicas.
+            self.assertGreater(stats["cached"]["files"], 0, node)
+            self.assertLessEqual(stats["cached"]["files"], len(files), node)
             self.assertGreater(sum(stats["totals"]["tier_bytes"]), 0, node)
         # Each node's epilog stopped its node's stager (one), and cleaned.
         log = st.slurmd_log()
