@@ -194,6 +194,8 @@ def main():
     ap.add_argument("--stat", action="store_true", help="os.stat each file before reading it")
     ap.add_argument("--barrier", help="ddp: a directory shared by the ranks, for epoch barriers")
     ap.add_argument("--list", help="the files to read, relative to root, one a line (no walk)")
+    ap.add_argument("--pause", type=float, default=0,
+                    help="seconds of no reads after each epoch (its end stands apart in counters)")
     a = ap.parse_args()
     rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
     top = os.path.join(a.root, a.subdir) if a.subdir else a.root
@@ -239,6 +241,7 @@ def main():
                 counts = json.load(f)
         print(json.dumps({"epoch": e + 1, "files": rel, "pfs": counts, "time": time.time()}),
               flush=True)
+        time.sleep(a.pause)
 
 
 if __name__ == "__main__":

@@ -126,9 +126,13 @@ class Faults(Case):
         conf = conf_file(self, t, copy_fast_dataset="yes")  # a local disk: keep copying
 
         def start():
+            # Ready once its map is published: a read before it asks for no
+            # copy. (A restarted stager finds the first one's index there:
+            # reads before its own map go to the PFS, which is all the test
+            # asks of them.)
             s = subprocess.Popen([STAGER, "--dataset", root, "--job", job, "--config", conf])
-            wait_for(lambda: os.path.exists(os.path.join(t, "monarch-" + job, "ctl.sock")),
-                     what="stager ready")
+            wait_for(lambda: all(os.path.exists(os.path.join(t, "monarch-" + job, n))
+                                 for n in ("ctl.sock", "index")), what="stager ready")
             return s
 
         def read(p):
@@ -299,9 +303,15 @@ class Faults12(Case):
     def test_full_tier_kills_no_reader(self):
         mnt = mount_tmpfs(self, "64m")
         script = f"""
-import os, subprocess, sys
+import os, subprocess, sys, time
 mnt, root = {mnt!r}, {self.root!r}
-# Another job fills the tier's file system once the stager is up.
+# Another job fills the tier's file system once the stager is up (its map
+# published: the command starts before it).
+deadline = time.monotonic() + 60
+while not os.path.exists(os.path.join(os.environ['MONARCH_JOB_DIR'], 'index')):
+    if time.monotonic() > deadline:
+        sys.exit('the stager never published its map')
+    time.sleep(0.01)
 subprocess.run(['dd', 'if=/dev/zero', 'of=' + mnt + '/filler', 'bs=1M'], stderr=subprocess.DEVNULL)
 files = sorted(os.path.join(d, n) for d, _, ns in os.walk(root) for n in ns)
 cats = [subprocess.run(['cat', f], stdout=subprocess.DEVNULL).returncode for f in files[:40]]
@@ -360,6 +370,12 @@ sys.stdout.write(loader.stdout)
             self.assertEqual(proc.returncode, 0, err)
             return self.epochs_of(out)
 
+    def call_bound(self, direct):
+        """The longest a call may take: the stall bound plus 10% (issue 12),
+        after which the call is the PFS's own, as long as the longest call
+        of the direct run beside it (on a loaded machine, tens of ms)."""
+        return STALL * 1.1 + max(e["longest"] for e in direct)
+
     def test_stalled_copies_cost_one_stall_at_most(self):
         # The PFS hangs every read of the stager's copy threads, as a stuck
         # PFS request would: readers wait at most the stall timeout, once.
@@ -372,7 +388,7 @@ sys.stdout.write(loader.stdout)
             print(f"stalled copies: epoch {s['epoch']} {s['seconds']:.2f} s vs direct "
                   f"{d['seconds']:.2f} s; longest call {s['longest'] * 1000:.0f} ms")
             self.assertLessEqual(s["seconds"], 2 * d["seconds"])
-            self.assertLessEqual(s["longest"], STALL * 1.1)
+            self.assertLessEqual(s["longest"], self.call_bound(direct))
 
     def test_stager_stopped_or_killed_costs_one_stall_at_most(self):
         for name, fault in (("SIGSTOP", lambda pid: os.kill(pid, signal.SIGSTOP)),
@@ -392,7 +408,7 @@ sys.stdout.write(loader.stdout)
             self.assert_bytes(epochs, 2)
             longest = max(e["longest"] for e in epochs)
             print(f"{name}: longest call {longest * 1000:.0f} ms")
-            self.assertLessEqual(longest, STALL * 1.1, name)
+            self.assertLessEqual(longest, self.call_bound(self.timed_epoch({}, epochs=2)), name)
 
     def test_one_open_never_mixes_versions(self):
         # 1000 times: a reader's first read starts the copy of a file; the file
@@ -484,8 +500,9 @@ print(during, wrong)
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: stager_pids(conf), what="the stager")
         pid = stager_pids(conf)[0]
+        wait_for(lambda: job_dirs(t) and os.path.exists(os.path.join(t, job_dirs(t)[0], "ctl.sock")),
+                 what="the socket")
         sock_path = os.path.join(t, job_dirs(t)[0], "ctl.sock")
-        wait_for(lambda: os.path.exists(sock_path), what="the socket")
         before = len(os.listdir(f"/proc/{pid}/fd"))
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         null = [os.open("/dev/null", os.O_RDONLY) for _ in range(4)]

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import unittest
 
-from harness import Case, LIBRARY, MONARCH_RUN, PY, run, tier
+from harness import AFTER_INDEX, Case, LIBRARY, MONARCH_RUN, PY, run, tier
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(HERE, "trust_probe.py")
@@ -64,7 +64,7 @@ class Trust(Case):
         with open(conf, "w") as f:
             f.write(f"stage_ahead = no\nsmall_file_max = 64K\nconsistency = {consistency}\n"
                     f"[tier.a]\npath = {t}\nquota = 1G\n")
-        through = run([PY, PROBE, case, monarch_tree], check=False, timeout=300,
+        through = run(AFTER_INDEX + [PY, PROBE, case, monarch_tree], check=False, timeout=300,
                       monarch=["--dataset", os.path.join(monarch_tree, "ds"), "--config", conf,
                                "--keep", "-q"], env={"MONARCH_LOG": "1"})
         self.assertNotEqual(direct.stdout.strip(), "", direct.stderr)

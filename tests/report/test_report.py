@@ -19,7 +19,7 @@ import unittest
 import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
-from harness import (BUILD, GEN, LIBRARY, PY, READER, SMALL, SRC, STAGER, Case,  # noqa: E402
+from harness import (AFTER_INDEX, BUILD, GEN, LIBRARY, PY, READER, SMALL, SRC, STAGER, Case,  # noqa: E402
                      Pfs, dataset, dataset_bytes, epoch_deltas, parse_epochs, read_dataset, run,
                      tier)
 
@@ -113,12 +113,10 @@ class Base(Case):
              "signal=none", "-o", trace] + args)
         asked = strace_counts(trace, pfs.dataset)
         before = pfs.counts()
-        # The job starts before the stager's index exists, and what it reads
-        # until then is not seen (README, Limitations): for counts to compare,
-        # it starts reading once the index is published.
-        wait = ["sh", "-c", 'while [ ! -e "$MONARCH_JOB_DIR/index" ]; do sleep 0.01; done; '
-                'exec "$@"', "sh"]
-        p = run(wait + args + (["--counts", counts] if counts else []),
+        # For counts to compare, the job starts reading once the index is published.
+        # A pause after each epoch: the stager's poll finds the epoch's end
+        # with no reads around it, instead of interpolating between polls.
+        p = run(AFTER_INDEX + args + ["--pause", "0.3"] + (["--counts", counts] if counts else []),
                 monarch=["--dataset", pfs.dataset, "--config", conf, "--report", out])
         return asked, before, pfs.counts(), parse_epochs(p.stdout)
 
@@ -149,7 +147,9 @@ class Report(Base):
         conf = os.path.join(cls.tmp, "monarch.conf")
         with open(conf, "w") as f:  # a local disk: copy_fast_dataset keeps the stager copying
             f.write(f"copy_fast_dataset = yes\n[tier.ssd]\npath = {cls.tmp}/tier\nquota = 1G\n")
-        _, cls.job = read_dataset(cls.root, "read", monarch=[
+        # Every epoch counted (the picture marks each one's end): reads before
+        # the index would go unseen.
+        _, cls.job = read_dataset(cls.root, "read", prefix=AFTER_INDEX, monarch=[
             "--dataset", cls.root, "--config", conf, "--report", cls.stats])
 
     @classmethod
