@@ -96,6 +96,14 @@ class Stager:
         if ready != "ready":
             self.stop()
             raise AssertionError(f"stager {name} did not start: {ready!r}")
+        # "ready" comes before the walk: calls before the map would be the
+        # PFS's alone, not Monarch's.
+        end = time.time() + 60
+        while not os.path.exists(os.path.join(self.job_dir, "index")):
+            if time.time() > end or self.proc.poll() is not None:
+                self.stop()
+                raise AssertionError(f"stager {name} published no map")
+            time.sleep(0.01)
         if CONFIGS[name].find("stage_ahead = yes") >= 0:
             self.wait_cached()
 

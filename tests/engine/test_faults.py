@@ -18,9 +18,9 @@ import threading
 import time
 import unittest
 
-from harness import (Case, LIBRARY, MONARCH_RUN, PY, READER, SMALL, STAGER, TEST_USER, Pfs,
-                     dataset, dataset_bytes, ensure_user, md5_file, parse_epochs, read_dataset,
-                     reference, run, stager_pids, tier)
+from harness import (AFTER_INDEX, Case, LIBRARY, MONARCH_RUN, PY, READER, SMALL, STAGER,
+                     TEST_USER, Pfs, dataset, dataset_bytes, ensure_user, md5_file, parse_epochs,
+                     read_dataset, reference, run, stager_pids, tier)
 
 
 def wait_for(pred, timeout=30, what="condition"):
@@ -62,8 +62,11 @@ class Faults(Case):
                               self.root, "--mode", "read", "--epochs", "3"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: stager_pids(t), what="the stager")
-        wait_for(lambda: any(os.listdir(os.path.join(t, d, "data")) for d in os.listdir(t)),
-                 what="first copies")
+        # First copies, and the first statistics (the summary comes from them).
+        wait_for(lambda: any(os.path.isdir(os.path.join(t, d, "data")) and
+                             os.listdir(os.path.join(t, d, "data")) and
+                             os.path.exists(os.path.join(t, d, "stats.json"))
+                             for d in os.listdir(t)), what="first copies")
         for pid in stager_pids(t):
             os.kill(pid, signal.SIGKILL)
         out, err = p.communicate(timeout=600)
@@ -85,16 +88,19 @@ class Faults(Case):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,mode=1777", "tmpfs", mnt],
                        check=True)
         self.addCleanup(subprocess.run, ["umount", "-l", mnt])
-        # Another job fills the file system while this one copies.
-        filler = subprocess.Popen(["sh", "-c", f"sleep 0.3; dd if=/dev/zero of={mnt}/filler "
-                                   "bs=1M 2>/dev/null; true"])
+        # Another job fills the file system while this one copies (once the
+        # first copy is there: 60 s at most).
+        filler = subprocess.Popen(["sh", "-c", "i=0; until find " + mnt + " -path '*/data/*' "
+                                   "-type f | grep -q .; do [ $i -lt 6000 ] || break; "
+                                   "sleep 0.01; i=$((i+1)); done; "
+                                   f"dd if=/dev/zero of={mnt}/filler bs=1M 2>/dev/null; true"])
         # The dataset is on a local disk: copy_fast_dataset keeps the stager copying.
         conf = os.path.join(tempfile.mkdtemp(prefix="monarch-conf-"), "monarch.conf")
         self.addCleanup(shutil.rmtree, os.path.dirname(conf), True)
         with open(conf, "w") as f:
             f.write(f"copy_fast_dataset = yes\n[tier.a]\npath = {mnt}\nquota = 10G\n")
-        epochs, p = read_dataset(self.root, "read", monarch=["--dataset", self.root, "--config",
-                                                             conf, "--keep"])
+        epochs, p = read_dataset(self.root, "read", prefix=AFTER_INDEX,
+                                 monarch=["--dataset", self.root, "--config", conf, "--keep"])
         filler.wait()
         self.assertSameBytes(epochs, self.ref)
         # Every published copy is complete.
@@ -125,14 +131,19 @@ class Faults(Case):
 
         conf = conf_file(self, t, copy_fast_dataset="yes")  # a local disk: keep copying
 
+        index = os.path.join(t, "monarch-" + job, "index")
+
+        def inode(p):
+            with contextlib.suppress(FileNotFoundError):
+                return os.stat(p).st_ino
+
         def start():
-            # Ready once its map is published: a read before it asks for no
-            # copy. (A restarted stager finds the first one's index there:
-            # reads before its own map go to the PFS, which is all the test
-            # asks of them.)
+            # Ready once its own map is published (by a rename: a new inode;
+            # a restarted stager finds the first one's index there): a read
+            # before it asks for no copy.
+            old = inode(index)
             s = subprocess.Popen([STAGER, "--dataset", root, "--job", job, "--config", conf])
-            wait_for(lambda: all(os.path.exists(os.path.join(t, "monarch-" + job, n))
-                                 for n in ("ctl.sock", "index")), what="stager ready")
+            wait_for(lambda: inode(index) not in (None, old), what="stager ready")
             return s
 
         def read(p):
@@ -359,8 +370,9 @@ sys.stdout.write(loader.stdout)
                 "--pause-file", pause, "--pause-epoch", str(pause_epoch)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
+            # Its map published: a fault before it would test the PFS alone.
             wait_for(lambda: stager_pids(t) and job_dirs(t) and
-                     os.path.exists(os.path.join(t, job_dirs(t)[0], "ctl.sock")),
+                     os.path.exists(os.path.join(t, job_dirs(t)[0], "index")),
                      what="the stager ready")
             stager = stager_pids(t)[0]
             if fault:
@@ -482,7 +494,7 @@ print(during, wrong)
         with Pfs(ds, latency_us=1000, bandwidth_mbs=20, attr_timeout_ms=0) as pfs:
             t = tier(self)
             conf = conf_file(self, t, small_file_max="64K", stage_ahead="no")
-            p = run([PY, "-c", script, src, pfs.dataset, t], timeout=600,
+            p = run(AFTER_INDEX + [PY, "-c", script, src, pfs.dataset, t], timeout=600,
                     monarch=["--dataset", pfs.dataset, "--config", conf, "-q"])
         replaced, wrong = map(int, p.stdout.split())
         print(f"versions: {replaced} replacements during copies, {wrong} opens with another version")

@@ -4,6 +4,7 @@ counts (the PFS's own: a counting FUSE mount; the readers' system calls:
 strace), its picture renders in headless Chromium, a killed stager still gives
 a report, job ids are found where the Slurm epilog writes reports, and bad
 input gets one clear line. Standard library only (Debian's /usr/bin/python3)."""
+import contextlib
 import html
 import json
 import os
@@ -226,12 +227,21 @@ class Report(Base):
                                    t + ":1G"])
         jobdir = os.path.join(t, "monarch-" + job)
         for _ in range(200):
-            if os.path.exists(os.path.join(jobdir, "ctl.sock")):
+            if os.path.exists(os.path.join(jobdir, "index")):  # its map published
                 break
             time.sleep(0.05)
         env = {"LD_PRELOAD": LIBRARY, "MONARCH_DATASET": self.root, "MONARCH_JOB_DIR": jobdir}
         read_dataset(self.root, "read", epochs=1, env=env)
-        time.sleep(5.5)  # more than the 5 s between flushes of the statistics
+
+        def opens_flushed():  # statistics are flushed every 5 s or so
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(jobdir, "stats.json")) as f:
+                    return json.load(f)["totals"]["opens"] > 0
+            return False
+        for _ in range(300):
+            if opens_flushed():
+                break
+            time.sleep(0.05)
         stager.send_signal(signal.SIGKILL)
         stager.wait()
         out = os.path.join(t, "out")
@@ -467,8 +477,8 @@ class Picture(unittest.TestCase):
         os.mkdir(os.path.join(cls.tmp, "tier"))
         cls.stats["demo"] = os.path.join(cls.tmp, "demo.json")
         with Pfs(root, latency_us=1000, bandwidth_mbs=500) as pfs:
-            run([PY, os.path.join(SRC, "contrib", "slurm", "demo-train.py"), pfs.dataset,
-                 "--epochs", "3", "--workers", "2"],
+            run(AFTER_INDEX + [PY, os.path.join(SRC, "contrib", "slurm", "demo-train.py"),
+                               pfs.dataset, "--epochs", "3", "--workers", "2"],
                 monarch=["--dataset", pfs.dataset, "--tier", os.path.join(cls.tmp, "tier") + ":2G",
                          "--report", cls.stats["demo"]])
         cls.stats["hour"] = os.path.join(cls.tmp, "hour.json")

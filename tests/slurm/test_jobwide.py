@@ -18,7 +18,10 @@ import slurmtest as st
 USER = "monarchtest"
 READER = os.path.join(st.SRC, "tests", "engine", "reader.py")
 
-STEP = r"""python3 "$READER" "$DS" --mode ddp --epochs 3 --seed 7 --list "$OUT/list" \
+# Each rank starts reading once its node's map is published (reads before
+# it go to the PFS unseen, README, Limitations).
+STEP = r"""for i in $(seq 6000); do [ -e "$MONARCH_JOB_DIR/index" ] && break; sleep 0.01; done
+python3 "$READER" "$DS" --mode ddp --epochs 3 --seed 7 --list "$OUT/list" \
   --barrier "$OUT/barrier" --counts "$COUNTS" >"$OUT/rank$SLURM_PROCID.out" 2>"$OUT/rank$SLURM_PROCID.err"
 """
 
