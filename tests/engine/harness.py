@@ -137,6 +137,17 @@ def tier(test, quota=None, parent=None):
     return d if quota is None else f"{d}:{quota}"
 
 
+def conf_file(test, tier_dir, quota="10G", **keys):
+    """A monarch.conf with one tier and the given general keys."""
+    path = os.path.join(tempfile.mkdtemp(prefix="monarch-conf-"), "monarch.conf")
+    test.addCleanup(shutil.rmtree, os.path.dirname(path), True)
+    with open(path, "w") as f:
+        for k, v in keys.items():
+            f.write(f"{k} = {v}\n")
+        f.write(f"[tier.a]\npath = {tier_dir}\nquota = {quota}\n")
+    return path
+
+
 def parse_epochs(stdout):
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 

@@ -19,8 +19,8 @@ import time
 import unittest
 
 from harness import (AFTER_INDEX, Case, LIBRARY, MONARCH_RUN, PY, READER, SMALL, STAGER,
-                     TEST_USER, Pfs, dataset, dataset_bytes, ensure_user, md5_file, parse_epochs,
-                     read_dataset, reference, run, stager_pids, tier)
+                     TEST_USER, Pfs, conf_file, dataset, dataset_bytes, ensure_user, md5_file,
+                     parse_epochs, read_dataset, reference, run, stager_pids, tier)
 
 
 def wait_for(pred, timeout=30, what="condition"):
@@ -266,17 +266,6 @@ print(' '.join(res))
 
 FAULT_READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_reader.py")
 STALL = 0.2  # the shipped stall_timeout
-
-
-def conf_file(test, tier_dir, **keys):
-    """A monarch.conf with one tier and the given general keys."""
-    path = os.path.join(tempfile.mkdtemp(prefix="monarch-conf-"), "monarch.conf")
-    test.addCleanup(shutil.rmtree, os.path.dirname(path), True)
-    with open(path, "w") as f:
-        for k, v in keys.items():
-            f.write(f"{k} = {v}\n")
-        f.write(f"[tier.a]\npath = {tier_dir}\nquota = 10G\n")
-    return path
 
 
 def mount_tmpfs(test, size):

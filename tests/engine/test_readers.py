@@ -7,8 +7,8 @@ import re
 import subprocess
 import unittest
 
-from harness import (AFTER_INDEX, Case, FIO_FILE, FIO_VERIFY, FULL, LIBRARY, PY, READER, dataset,
-                     read_dataset, reference, run, tier)
+from harness import (AFTER_INDEX, Case, FIO_FILE, FIO_VERIFY, FULL, LIBRARY, PY, READER,
+                     conf_file, dataset, read_dataset, reference, run, tier)
 
 
 class Readers(Case):
@@ -18,7 +18,11 @@ class Readers(Case):
         cls.ref = reference(cls.root)
 
     def monarch(self, report=None):
-        opts = ["--dataset", self.root, "--tier", tier(self, "100%")]
+        # The dataset is on a local disk: copy_fast_dataset keeps the stager
+        # copying, so that the readers read copies (the fast-file-system
+        # check would send them to the dataset itself).
+        conf = conf_file(self, tier(self), quota="100%", copy_fast_dataset="yes")
+        opts = ["--dataset", self.root, "--config", conf]
         if report:
             opts += ["--report", report]
         return opts

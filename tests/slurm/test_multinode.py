@@ -33,6 +33,7 @@ T=node.$(hostname)
 record "$T"
 findmnt -n -o SOURCE --target "$TIER" >"$OUT/$T.tier"
 wait_file go 60
+wait_job_file index # reads before the node's map go to the PFS uncounted
 read_epochs "$T" "$EPOCHS"
 """
 
