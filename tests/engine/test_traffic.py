@@ -30,6 +30,7 @@ class Traffic(Case):
         finally:
             watch.stop()
         self.assertSameBytes(epochs, self.ref)
+        self.summary = p.stderr[-3000:]  # monarch-run's: fallbacks and why, for a failure
         return epoch_deltas(before, epochs), watch, t
 
     def test_whole_dataset_fits(self):
@@ -38,7 +39,8 @@ class Traffic(Case):
             d, watch, _ = self.run_epochs(pfs, "100%", extra=["--stat"])
         self.assertGreater(d[0]["opens"], 0, "epoch 1 read the PFS")
         self.assertLessEqual(d[0]["bytes"], 1.02 * self.size,
-                             f"epoch 1 read {d[0]['bytes'] / self.size:.3f}x the dataset")
+                             f"epoch 1 read {d[0]['bytes'] / self.size:.3f}x the dataset\n"
+                             + self.summary)
         for e in (1, 2):
             self.assertEqual((d[e]["opens"], d[e]["reads"]), (0, 0), f"epoch {e + 1}")
             # No metadata either: stat comes from the index. Reading the
