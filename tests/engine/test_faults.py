@@ -303,15 +303,10 @@ class Faults12(Case):
     def test_full_tier_kills_no_reader(self):
         mnt = mount_tmpfs(self, "64m")
         script = f"""
-import os, subprocess, sys, time
+import os, subprocess, sys
 mnt, root = {mnt!r}, {self.root!r}
 # Another job fills the tier's file system once the stager is up (its map
-# published: the command starts before it).
-deadline = time.monotonic() + 60
-while not os.path.exists(os.path.join(os.environ['MONARCH_JOB_DIR'], 'index')):
-    if time.monotonic() > deadline:
-        sys.exit('the stager never published its map')
-    time.sleep(0.01)
+# published: AFTER_INDEX).
 subprocess.run(['dd', 'if=/dev/zero', 'of=' + mnt + '/filler', 'bs=1M'], stderr=subprocess.DEVNULL)
 files = sorted(os.path.join(d, n) for d, _, ns in os.walk(root) for n in ns)
 cats = [subprocess.run(['cat', f], stdout=subprocess.DEVNULL).returncode for f in files[:40]]
@@ -327,8 +322,8 @@ stagers = [p for p in os.listdir('/proc') if p.isdigit() and
 print(sum(c != 0 for c in cats), len(stagers), loader.returncode)
 sys.stdout.write(loader.stdout)
 """
-        p = run([PY, "-c", script], monarch=["--dataset", self.root, "--tier", f"{mnt}:60M"],
-                timeout=600)
+        p = run(AFTER_INDEX + [PY, "-c", script],
+                monarch=["--dataset", self.root, "--tier", f"{mnt}:60M"], timeout=600)
         failed_cats, stagers, loader_rc = map(int, p.stdout.split("\n")[0].split())
         self.assertEqual(failed_cats, 0, "short readers died on a full tier")
         self.assertEqual(loader_rc, 0)

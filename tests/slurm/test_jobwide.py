@@ -20,7 +20,7 @@ READER = os.path.join(st.SRC, "tests", "engine", "reader.py")
 
 # Each rank starts reading once its node's map is published (reads before
 # it go to the PFS unseen, README, Limitations).
-STEP = r"""for i in $(seq 6000); do [ -e "$MONARCH_JOB_DIR/index" ] && break; sleep 0.01; done
+STEP = r"""source "$JOBS/lib.sh"; wait_job_file index
 python3 "$READER" "$DS" --mode ddp --epochs 3 --seed 7 --list "$OUT/list" \
   --barrier "$OUT/barrier" --counts "$COUNTS" >"$OUT/rank$SLURM_PROCID.out" 2>"$OUT/rank$SLURM_PROCID.err"
 """
@@ -67,7 +67,7 @@ class JobWide(st.SlurmTest):
         os.chmod(script, 0o755)
         before = pfs.counts()
         job = st.sbatch(USER, work, [f"--monarch-dataset={dataset}", script],
-                        extra_env={"DS": dataset, "OUT": work, "READER": READER,
+                        extra_env={"DS": dataset, "OUT": work, "READER": READER, "JOBS": st.JOBS,
                                    "COUNTS": os.path.join(pfs.mount, ".pfsemu-counts")})
         st.wait_running(job)
         if during:
