@@ -177,7 +177,8 @@ def run(args, monarch=None, user=None, env=None, timeout=600, check=True):
 
 def read_dataset(dataset_path, mode, epochs=3, monarch=None, counts=None, seed=0, extra=(),
                  user=None, env=None, prefix=()):
-    args = list(prefix) + [PY, READER, dataset_path, "--mode", mode, "--epochs", str(epochs), "--seed", str(seed)]
+    args = list(prefix) + [PY, READER, dataset_path, "--mode", mode, "--epochs", str(epochs),
+                           "--seed", str(seed)]
     if counts:
         args += ["--counts", counts]
     p = run(args + list(extra), monarch=monarch, user=user, env=env)

@@ -6,8 +6,8 @@ import json
 import os
 import unittest
 
-from harness import (AFTER_INDEX, Case, FULL, PY, READER, SMALL, Pfs, TierWatch, dataset,
-                     dataset_bytes, epoch_deltas, read_dataset, reference, run, tier)
+from harness import (AFTER_INDEX, Case, FULL, PY, READER, SMALL, Pfs, TierWatch, conf_file,
+                     dataset, dataset_bytes, epoch_deltas, read_dataset, reference, run, tier)
 
 
 class Traffic(Case):
@@ -30,17 +30,17 @@ class Traffic(Case):
         finally:
             watch.stop()
         self.assertSameBytes(epochs, self.ref)
-        self.summary = p.stderr[-3000:]  # monarch-run's: fallbacks and why, for a failure
-        return epoch_deltas(before, epochs), watch, t
+        # monarch-run's summary (its fallbacks and why), for a failure's message.
+        return epoch_deltas(before, epochs), watch, t, p.stderr[-3000:]
 
     def test_whole_dataset_fits(self):
         # The reader also stats every file, as loaders that check sizes do.
         with Pfs(self.root) as pfs:
-            d, watch, _ = self.run_epochs(pfs, "100%", extra=["--stat"])
+            d, watch, _, summary = self.run_epochs(pfs, "100%", extra=["--stat"])
         self.assertGreater(d[0]["opens"], 0, "epoch 1 read the PFS")
         self.assertLessEqual(d[0]["bytes"], 1.02 * self.size,
                              f"epoch 1 read {d[0]['bytes'] / self.size:.3f}x the dataset\n"
-                             + self.summary)
+                             + summary)
         for e in (1, 2):
             self.assertEqual((d[e]["opens"], d[e]["reads"]), (0, 0), f"epoch {e + 1}")
             # No metadata either: stat comes from the index. Reading the
@@ -71,7 +71,7 @@ class Traffic(Case):
     def test_half_fits(self):
         quota = self.size // 2
         with Pfs(self.root) as pfs:
-            d, watch, t = self.run_epochs(pfs, str(quota))
+            d, watch, t, _ = self.run_epochs(pfs, str(quota))
         cached = 0
         for dirpath, _, names in os.walk(t):
             if "/data" in dirpath:
@@ -150,9 +150,8 @@ class FastDataset(Case):
         cached = {}
         for copy_fast in ("no", "yes"):
             t = tier(self)
-            conf, report = os.path.join(t, "monarch.conf"), os.path.join(t, "report.json")
-            with open(conf, "w") as f:
-                f.write(f"copy_fast_dataset = {copy_fast}\n[tier.a]\npath = {t}\nquota = 1G\n")
+            conf = conf_file(self, t, quota="1G", copy_fast_dataset=copy_fast)
+            report = os.path.join(t, "report.json")
             epochs, _ = read_dataset(root, "read", epochs=2, prefix=AFTER_INDEX,
                                      monarch=["--dataset", root, "--config", conf, "--keep",
                                               "--report", report])

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import unittest
 
-from harness import AFTER_INDEX, Case, LIBRARY, MONARCH_RUN, PY, run, tier
+from harness import AFTER_INDEX, Case, LIBRARY, MONARCH_RUN, PY, conf_file, run, tier
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(HERE, "trust_probe.py")
@@ -60,10 +60,8 @@ class Trust(Case):
         direct = subprocess.run([PY, PROBE, case, direct_tree], capture_output=True, text=True,
                                 timeout=300)
         t = tier(self)
-        conf = os.path.join(self.tmp, "trust.conf")
-        with open(conf, "w") as f:
-            f.write(f"stage_ahead = no\nsmall_file_max = 64K\nconsistency = {consistency}\n"
-                    f"[tier.a]\npath = {t}\nquota = 1G\n")
+        conf = conf_file(self, t, quota="1G", stage_ahead="no", small_file_max="64K",
+                         consistency=consistency)
         through = run(AFTER_INDEX + [PY, PROBE, case, monarch_tree], check=False, timeout=300,
                       monarch=["--dataset", os.path.join(monarch_tree, "ds"), "--config", conf,
                                "--keep", "-q"], env={"MONARCH_LOG": "1"})

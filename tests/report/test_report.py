@@ -20,9 +20,9 @@ import unittest
 import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
-from harness import (AFTER_INDEX, BUILD, GEN, LIBRARY, PY, READER, SMALL, SRC, STAGER, Case,  # noqa: E402
-                     Pfs, dataset, dataset_bytes, epoch_deltas, parse_epochs, read_dataset, run,
-                     tier)
+from harness import (AFTER_INDEX, BUILD, GEN, LIBRARY, PY, READER, SMALL, SRC,  # noqa: E402
+                     STAGER, Case, Pfs, dataset, dataset_bytes, epoch_deltas, parse_epochs,
+                     read_dataset, run, tier)
 
 REPORT = os.path.join(BUILD, "stager", "monarch-report")
 CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -114,9 +114,9 @@ class Base(Case):
              "signal=none", "-o", trace] + args)
         asked = strace_counts(trace, pfs.dataset)
         before = pfs.counts()
-        # For counts to compare, the job starts reading once the index is published.
-        # A pause after each epoch: the stager's poll finds the epoch's end
-        # with no reads around it, instead of interpolating between polls.
+        # For counts to compare, the job starts reading once the index is
+        # published, and pauses after each epoch: the stager's poll finds the
+        # epoch's end with no reads around it, instead of interpolating.
         p = run(AFTER_INDEX + args + ["--pause", "0.3"] + (["--counts", counts] if counts else []),
                 monarch=["--dataset", pfs.dataset, "--config", conf, "--report", out])
         return asked, before, pfs.counts(), parse_epochs(p.stdout)

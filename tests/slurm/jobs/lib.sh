@@ -24,26 +24,21 @@ read_epochs() {
   done
 }
 
-# wait_job_file NAME: waits (60 s at most) for the stager to write NAME in
-# the job's directory: "index" (its map: reads before it go to the PFS
-# unseen) or "stats.json" (its first statistics).
-wait_job_file() {
+# wait_path PATH SECONDS: waits for PATH to exist (every 10 ms).
+wait_path() {
   local i
-  for ((i = 0; i < 6000; i++)); do
-    [[ -e $MONARCH_JOB_DIR/$1 ]] && return 0
+  for ((i = 0; i < $2 * 100; i++)); do
+    [[ -e $1 ]] && return 0
     sleep 0.01
   done
-  echo "gave up waiting for $MONARCH_JOB_DIR/$1" >&2
+  echo "gave up waiting for $1" >&2
   return 1
 }
 
+# wait_job_file NAME: waits (60 s at most) for the stager to write NAME in
+# the job's directory: "index" (its map: reads before it go to the PFS
+# unseen) or "stats.json" (its first statistics).
+wait_job_file() { wait_path "$MONARCH_JOB_DIR/$1" 60; }
+
 # wait_file NAME [SECONDS]: waits for the harness to create $OUT/NAME.
-wait_file() {
-  local i
-  for ((i = 0; i < ${2:-60} * 10; i++)); do
-    [[ -e $OUT/$1 ]] && return 0
-    sleep 0.1
-  done
-  echo "gave up waiting for $OUT/$1" >&2
-  return 1
-}
+wait_file() { wait_path "$OUT/$1" "${2:-60}"; }
