@@ -17,6 +17,8 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <mutex>
+#include <new>
 #include <stdexcept>
 #include <thread>
 #include <tuple>
@@ -29,9 +31,110 @@ namespace {
 // 8 threads 6.3 s, 32 threads 6.1 s (then bound by the CPU).
 constexpr int kWalkThreads = 16;
 
-struct Rec {
+// What the walk keeps of one file until the map is written: the fields of its
+// Entry, its device, and its path.
+struct Found {
+  uint64_t path;  // during the walk: the path's address in its thread's names;
+                  // then its offset in the map's string table
+  uint64_t dev, ino, size;
+  int64_t mtime_ns, ctime_ns, atime_ns;
+  uint32_t blocks;
+  uint16_t attr, path_len;
+};
+static_assert(sizeof(Found) == 64);
+
+// Memory the walk takes and gives back a chunk at a time (mmap, munmap:
+// malloc's heap would keep it), so that the walk's records and the map they
+// become are never resident in full at once: the stager's peak stays near the
+// map's own size (Index.WalkMemoryIsTheMapsSize).
+constexpr size_t kChunkBytes = size_t(1) << 20;
+
+char* take_chunk(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return static_cast<char*>(p);
+}
+
+// One walk thread's files, in the order it found them, and their paths, in
+// the same order.
+struct FoundList {
+  std::vector<Found*> chunks;
+  size_t last = 0;  // records in chunks.back()
+  std::vector<char*> names;
+  size_t names_used = 0;  // bytes of names.back()
+  static constexpr size_t kPerChunk = kChunkBytes / sizeof(Found);
+
+  FoundList() = default;
+  FoundList(const FoundList&) = delete;
+  ~FoundList() {
+    for (Found* c : chunks)
+      if (c) munmap(c, kChunkBytes);
+    for (char* c : names)
+      if (c) munmap(c, kChunkBytes);
+  }
+  size_t size() const { return chunks.empty() ? 0 : (chunks.size() - 1) * kPerChunk + last; }
+  // Adds `dir`/`name` (or `name` at the root) with the fields of `f`; false
+  // for a path longer than an Entry holds (the file is read from the PFS).
+  bool add(const std::string& dir, const char* name, size_t name_len, Found f) {
+    size_t len = dir.empty() ? name_len : dir.size() + 1 + name_len;
+    if (len > 0xffff) return false;
+    if (names.empty() || names_used + len > kChunkBytes) {
+      names.push_back(take_chunk(kChunkBytes));
+      names_used = 0;
+    }
+    char* p = names.back() + names_used;
+    if (!dir.empty()) {
+      std::memcpy(p, dir.data(), dir.size());
+      p[dir.size()] = '/';
+      std::memcpy(p + dir.size() + 1, name, name_len);
+    } else {
+      std::memcpy(p, name, name_len);
+    }
+    names_used += len;
+    f.path = reinterpret_cast<uint64_t>(p);
+    f.path_len = uint16_t(len);
+    if (chunks.empty() || last == kPerChunk) {
+      chunks.push_back(reinterpret_cast<Found*>(take_chunk(kChunkBytes)));
+      last = 0;
+    }
+    chunks.back()[last++] = f;
+    return true;
+  }
+};
+
+struct Dir {
   std::string rel;
-  struct stat st;
+  uint64_t dev, ino;
+};
+
+// The attribute table: the stat fields most files share, by value, so that an
+// Entry holds a 2-byte id. Taken under a lock: a few hundred nanoseconds
+// beside each file's stat on the PFS.
+using AttrKey = std::tuple<uint64_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>;
+class Attrs {
+ public:
+  uint16_t id(const struct stat& st) {
+    AttrKey k{st.st_dev,
+              st.st_mode,
+              st.st_uid,
+              st.st_gid,
+              uint32_t(st.st_nlink),
+              uint32_t(st.st_blksize)};
+    std::lock_guard<std::mutex> lock(mu_);
+    auto a = ids_.find(k);
+    if (a != ids_.end()) return a->second;
+    if (table_.size() >= kNoAttr) return kNoAttr;
+    ids_.emplace(k, uint16_t(table_.size()));
+    table_.push_back(Attr{st.st_dev, st.st_mode, st.st_uid, st.st_gid, uint32_t(st.st_nlink),
+                          uint32_t(st.st_blksize), 0});
+    return uint16_t(table_.size() - 1);
+  }
+  const std::vector<Attr>& table() const { return table_; }
+
+ private:
+  std::mutex mu_;
+  std::map<AttrKey, uint16_t> ids_;
+  std::vector<Attr> table_;
 };
 
 // Paces the walk's metadata calls (stat, opendir) to `rate` per second, over
@@ -63,8 +166,9 @@ class Pace {
 
 struct WalkState {
   WalkState(uint64_t rate, const std::atomic<bool>* stop) : pace(rate, stop) {}
-  tbb::enumerable_thread_specific<std::vector<Rec>> files;
-  tbb::enumerable_thread_specific<std::vector<Rec>> dirs_found;  // below the root
+  tbb::enumerable_thread_specific<FoundList> files;
+  tbb::enumerable_thread_specific<std::vector<Dir>> dirs_found;  // below the root
+  Attrs attrs;
   std::atomic<uint64_t> dirs{0}, skipped{0}, unreadable{0};
   Pace pace;
 };
@@ -79,6 +183,24 @@ std::string join(const std::string& dir, const char* name) {
 // scale, programs cached): the job's first read 34 ms directly, 186 ms at the
 // default priority, 50 ms at this one.
 constexpr int kWalkNice = 19;
+
+int64_t ns(const timespec& t) {
+  return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+Found found(const struct stat& st, uint16_t attr) {
+  Found f{};
+  // st_blocks past 32 bits: stat goes to the PFS (kNoAttr), which knows it.
+  f.attr = st.st_blocks <= 0xffffffff ? attr : kNoAttr;
+  f.blocks = uint32_t(std::min<uint64_t>(st.st_blocks, 0xffffffff));
+  f.dev = st.st_dev;
+  f.ino = st.st_ino;
+  f.size = st.st_size;
+  f.mtime_ns = ns(st.st_mtim);
+  f.ctime_ns = ns(st.st_ctim);
+  f.atime_ns = ns(st.st_atim);
+  return f;
+}
 
 // Lists one directory (relative to root_fd); feeds subdirectories back.
 template <typename Feeder>
@@ -98,7 +220,8 @@ void walk_dir(int root_fd, const std::string& rel, WalkState& w, Feeder& feeder)
   }
   w.dirs++;
   struct stat dst;
-  if (!rel.empty() && fstat(fd, &dst) == 0) w.dirs_found.local().push_back(Rec{rel, dst});
+  if (!rel.empty() && fstat(fd, &dst) == 0)
+    w.dirs_found.local().push_back(Dir{rel, dst.st_dev, dst.st_ino});
   auto& out = w.files.local();
   while (dirent* e = readdir(d)) {
     if (w.pace.stopped()) break;
@@ -120,16 +243,21 @@ void walk_dir(int root_fd, const std::string& rel, WalkState& w, Feeder& feeder)
     }
     if (S_ISDIR(st.st_mode))
       feeder.add(join(rel, name));
-    else if (S_ISREG(st.st_mode))
-      out.push_back(Rec{join(rel, name), st});
-    else
+    else if (!S_ISREG(st.st_mode) ||
+             !out.add(rel, name, std::strlen(name), found(st, w.attrs.id(st))))
       w.skipped++;
   }
   closedir(d);
 }
 
-int64_t ns(const timespec& t) {
-  return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+// Puts id `i` in the first free bucket from `hash`'s (open addressing; the
+// table has more buckets than ids).
+void place(uint32_t* table, uint64_t buckets, uint64_t hash, size_t i) {
+  for (uint64_t b = JobMap::bucket_of(hash, buckets);; b = b + 1 == buckets ? 0 : b + 1)
+    if (table[b] == 0) {
+      table[b] = uint32_t(i + 1);
+      return;
+    }
 }
 
 void copy_path(char (&dst)[kPathMax], const std::string& src) {
@@ -195,46 +323,32 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   if (failed) std::rethrow_exception(failed);
   stats.stopped = w.pace.stopped();
 
-  std::vector<Rec> files;
-  for (auto& v : w.files) {
-    files.insert(files.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
-    std::vector<Rec>().swap(v);
-  }
-  tbb::parallel_sort(files.begin(), files.end(),
-                     [](const Rec& a, const Rec& b) { return a.rel < b.rel; });
-  if (files.size() >= 0xfffffff0u) throw std::runtime_error("too many files in the dataset");
-  std::vector<Rec> dirs;
+  // Every file once, in one array: each thread's records are moved in and
+  // their paths copied into the map's string table, a chunk at a time, each
+  // chunk given back once moved.
+  uint64_t count = 0, strings = 0;
+  for (FoundList& l : w.files) count += l.size();
+  if (count >= 0xfffffff0u) throw std::runtime_error("too many files in the dataset");
+  std::vector<Dir> dirs;
   for (auto& v : w.dirs_found) {
     dirs.insert(dirs.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
-    std::vector<Rec>().swap(v);
+    std::vector<Dir>().swap(v);
   }
-  std::sort(dirs.begin(), dirs.end(), [](const Rec& a, const Rec& b) { return a.rel < b.rel; });
+  std::sort(dirs.begin(), dirs.end(), [](const Dir& a, const Dir& b) { return a.rel < b.rel; });
+  for (FoundList& l : w.files)
+    for (size_t c = 0; c < l.chunks.size(); ++c)
+      for (size_t i = 0, n = c + 1 < l.chunks.size() ? l.kPerChunk : l.last; i < n; ++i)
+        strings += l.chunks[c][i].path_len;
+  for (const Dir& d : dirs) strings += d.rel.size();
+  const std::vector<Attr>& attrs = w.attrs.table();
 
   // Layout.
-  using AttrKey = std::tuple<uint64_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>;
-  std::map<AttrKey, uint16_t> attr_ids;
-  std::vector<Attr> attrs;
-  size_t strings = 0;
-  for (const Rec& r : files) strings += r.rel.size();
-  for (const Rec& d : dirs) strings += d.rel.size();
-  for (const Rec& r : files) {
-    AttrKey k{r.st.st_dev,
-              r.st.st_mode,
-              r.st.st_uid,
-              r.st.st_gid,
-              uint32_t(r.st.st_nlink),
-              uint32_t(r.st.st_blksize)};
-    if (attr_ids.count(k) || attrs.size() >= kNoAttr) continue;
-    attr_ids.emplace(k, uint16_t(attrs.size()));
-    attrs.push_back(Attr{r.st.st_dev, r.st.st_mode, r.st.st_uid, r.st.st_gid,
-                         uint32_t(r.st.st_nlink), uint32_t(r.st.st_blksize), 0});
-  }
-  uint64_t buckets = files.size() + files.size() / 4 + 1;
+  uint64_t buckets = count + count / 4 + 1;
   uint64_t dir_buckets = dirs.size() * 2 + 1;
-  uint64_t ino_buckets = files.size() + files.size() / 4 + 1;
+  uint64_t ino_buckets = count + count / 4 + 1;
   size_t off = align64(sizeof(Header));
   size_t entries_off = off;
-  off = align64(off + files.size() * sizeof(Entry));
+  off = align64(off + count * sizeof(Entry));
   size_t strings_off = off;
   off = align64(off + strings);
   size_t buckets_off = off;
@@ -257,7 +371,7 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   std::memcpy(h->magic, kMagic, sizeof kMagic);
   h->generation = opt.generation;
   h->file_size = total;
-  h->file_count = files.size();
+  h->file_count = count;
   h->tier_count = uint32_t(opt.tier_dirs.size());
   h->consistency = opt.consistency;
   h->small_file_max = opt.small_file_max;
@@ -283,50 +397,84 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   copy_path(h->real_root, real);
   for (size_t t = 0; t < opt.tier_dirs.size() && t < kMapTiers; ++t)
     copy_path(h->tier_dirs[t], opt.tier_dirs[t]);
+  std::memcpy(p + attrs_off, attrs.data(), attrs.size() * sizeof(Attr));
 
-  auto* entries = reinterpret_cast<Entry*>(p + entries_off);
   char* str = p + strings_off;
+  size_t so = 0;
+  size_t all_bytes = std::max<size_t>(count * sizeof(Found), 1);
+  auto* all = reinterpret_cast<Found*>(take_chunk(all_bytes));
+  struct Give {
+    void* p;
+    size_t n;
+    void release() {
+      if (p) munmap(std::exchange(p, nullptr), n);
+    }
+    ~Give() { release(); }
+  } give_all{all, all_bytes};
+  size_t n = 0;
+  for (FoundList& l : w.files) {
+    size_t name_chunk = 0;
+    for (size_t c = 0; c < l.chunks.size(); ++c) {
+      for (size_t i = 0, k = c + 1 < l.chunks.size() ? l.kPerChunk : l.last; i < k; ++i) {
+        Found f = l.chunks[c][i];
+        const char* name = reinterpret_cast<const char*>(f.path);
+        // Paths are in the order of their records: a chunk of them is done
+        // when the next path is past it.
+        while (!(name >= l.names[name_chunk] && name < l.names[name_chunk] + kChunkBytes)) {
+          munmap(l.names[name_chunk], kChunkBytes);
+          l.names[name_chunk++] = nullptr;
+        }
+        std::memcpy(str + so, name, f.path_len);
+        f.path = so;
+        so += f.path_len;
+        all[n++] = f;
+      }
+      munmap(l.chunks[c], kChunkBytes);
+      l.chunks[c] = nullptr;
+    }
+    for (char*& c : l.names)
+      if (c) munmap(std::exchange(c, nullptr), kChunkBytes);
+  }
+  tbb::parallel_sort(all, all + count, [str](const Found& a, const Found& b) {
+    return std::string_view(str + a.path, a.path_len) < std::string_view(str + b.path, b.path_len);
+  });
+
+  // The entries, in path order; the sorted records are given back as they
+  // are written. Then the buckets, from the entries: the map's pages and the
+  // records' together never take much more than the map alone.
+  auto* entries = reinterpret_cast<Entry*>(p + entries_off);
   auto* bucket = reinterpret_cast<uint32_t*>(p + buckets_off);
   auto* ino_bucket = reinterpret_cast<uint32_t*>(p + ino_buckets_off);
-  std::memcpy(p + attrs_off, attrs.data(), attrs.size() * sizeof(Attr));
-  size_t so = 0;
   uint64_t bytes = 0;
-  for (size_t i = 0; i < files.size(); ++i) {
-    const Rec& r = files[i];
-    const struct stat& st = r.st;
-    AttrKey k{st.st_dev,
-              st.st_mode,
-              st.st_uid,
-              st.st_gid,
-              uint32_t(st.st_nlink),
-              uint32_t(st.st_blksize)};
-    auto a = attr_ids.find(k);
-    bool exact = a != attr_ids.end() && st.st_blocks <= 0xffffffff;
+  size_t given = 0;  // bytes of `all` given back
+  // The device of each file whose Entry has no attributes (rare: more than
+  // kNoAttr kinds, or st_blocks past 32 bits), by id.
+  std::vector<std::pair<uint32_t, uint64_t>> other_devs;
+  for (size_t i = 0; i < count; ++i) {
+    const Found& f = all[i];
     Entry* e = new (&entries[i]) Entry();
-    e->path_off = uint32_t(so);
-    e->path_len = uint16_t(r.rel.size());  // < PATH_MAX
-    e->attr = exact ? a->second : kNoAttr;
-    e->blocks = uint32_t(std::min<uint64_t>(st.st_blocks, 0xffffffff));
-    e->ino = st.st_ino;
-    e->size = st.st_size;
-    e->mtime_ns = ns(st.st_mtim);
-    e->ctime_ns = ns(st.st_ctim);
-    e->atime_ns = ns(st.st_atim);
-    std::memcpy(str + so, r.rel.data(), r.rel.size());
-    so += r.rel.size();
-    bytes += st.st_size;
-    for (uint64_t b = JobMap::bucket_of(JobMap::hash(r.rel), buckets);;
-         b = b + 1 == buckets ? 0 : b + 1)
-      if (bucket[b] == 0) {
-        bucket[b] = uint32_t(i + 1);
-        break;
-      }
-    for (uint64_t b = JobMap::bucket_of(JobMap::hash(st.st_dev, st.st_ino), ino_buckets);;
-         b = b + 1 == ino_buckets ? 0 : b + 1)
-      if (ino_bucket[b] == 0) {
-        ino_bucket[b] = uint32_t(i + 1);
-        break;
-      }
+    e->path_off = uint32_t(f.path);
+    e->path_len = f.path_len;
+    e->attr = f.attr;
+    e->blocks = f.blocks;
+    e->ino = f.ino;
+    e->size = f.size;
+    e->mtime_ns = f.mtime_ns;
+    e->ctime_ns = f.ctime_ns;
+    e->atime_ns = f.atime_ns;
+    bytes += f.size;
+    if (f.attr == kNoAttr) other_devs.emplace_back(uint32_t(i), f.dev);
+    if (size_t done = (i + 1) * sizeof(Found) / kChunkBytes * kChunkBytes; done > given) {
+      madvise(reinterpret_cast<char*>(all) + given, done - given, MADV_DONTNEED);
+      given = done;
+    }
+  }
+  give_all.release();
+  for (size_t i = 0, other = 0; i < count; ++i) {
+    const Entry& e = entries[i];
+    place(bucket, buckets, JobMap::hash(std::string_view(str + e.path_off, e.path_len)), i);
+    uint64_t dev = e.attr != kNoAttr ? attrs[e.attr].dev : other_devs[other++].second;
+    place(ino_bucket, ino_buckets, JobMap::hash(dev, e.ino), i);
   }
   auto* dir_entries = reinterpret_cast<DirEntry*>(p + dirs_off);
   auto* dir_bucket = reinterpret_cast<uint32_t*>(p + dir_buckets_off);
@@ -335,16 +483,11 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
     const std::string& rel = dirs[i].rel;
     d->path_off = uint32_t(so);
     d->path_len = uint16_t(rel.size());
-    d->dev = dirs[i].st.st_dev;
-    d->ino = dirs[i].st.st_ino;
+    d->dev = dirs[i].dev;
+    d->ino = dirs[i].ino;
     std::memcpy(str + so, rel.data(), rel.size());
     so += rel.size();
-    for (uint64_t b = JobMap::bucket_of(JobMap::hash(rel), dir_buckets);;
-         b = b + 1 == dir_buckets ? 0 : b + 1)
-      if (dir_bucket[b] == 0) {
-        dir_bucket[b] = uint32_t(i + 1);
-        break;
-      }
+    place(dir_bucket, dir_buckets, JobMap::hash(rel), i);
   }
   h->dataset_bytes = bytes;
   result.reload();  // the view checks what was written
@@ -355,7 +498,7 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   if (rename(tmp.c_str(), opt.out_path.c_str()) != 0)
     throw std::runtime_error("cannot publish " + opt.out_path + ": " + std::strerror(errno));
 
-  stats.files = files.size();
+  stats.files = count;
   stats.bytes = bytes;
   stats.dirs = w.dirs;
   stats.skipped = w.skipped;
