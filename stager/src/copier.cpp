@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <memory>
 #include <cerrno>
 #include <cstring>
 #include <unordered_set>
@@ -241,11 +242,13 @@ void Copier::judge_the_pfs() {
   if (!opt_.fast_fs_check || counters_[s_copies_off].load()) return;
   uint64_t opens = counters_[s_pfs_opens].load(), open_ns = counters_[s_pfs_open_ns].load();
   uint64_t bytes = counters_[s_pfs_bytes].load(), read_ns = counters_[s_pfs_read_ns].load();
-  spdlog::info("JUDGE {} {} {} {} {}", opens, open_ns, bytes, read_ns, monotonic_ns());  // TEMP-FASTFS
-  if (opens < kJudgeOpens || bytes < kJudgeBytes || !read_ns) return;
+  spdlog::info("JUDGE {} {} {} {} {}", opens, open_ns, bytes, read_ns,
+               monotonic_ns());                         // TEMP-FASTFS
+  static bool now = getenv("FASTFS_JUDGE") != nullptr;  // TEMP-FASTFS
+  if (opens < kJudgeOpens || (!now && bytes < kJudgeBytes) || !read_ns) return;
   double open_us = double(open_ns) / double(opens) / 1e3;
   double gbs = double(bytes) / double(read_ns);  // per copy thread, GB/s
-  if (open_us > kFastOpenUs || gbs < kFastGBs) return;
+  if (open_us > kFastOpenUs || (!now && gbs < kFastGBs)) return;
   spdlog::info(
       "the dataset's file system is as fast as a local tier (open {:.0f} us, reads {:.1f} "
       "GB/s per thread): no more copies, the job reads it directly",
@@ -523,10 +526,13 @@ bool Copier::begin(Job& job) {
 }
 
 Copier::Outcome Copier::copy_blocks(Job& job) {
-  thread_local std::vector<char> buf;
+  // Not zeroed: its pages are taken as reads fill them, so a thread that
+  // copies only small files holds only what they need.
+  thread_local std::unique_ptr<char[]> buf;
+  thread_local uint64_t buf_size = 0;
   const Entry& e = map_.entry(job.file);
   uint64_t block = opt_.block_sizes[job.tier];
-  if (buf.size() < block) buf.resize(block);
+  if (buf_size < block) buf.reset(new char[block]), buf_size = block;
   CopySlot& slot = map_.header().copies[job.slot];
   for (;;) {
     if (stopping_) {
@@ -541,14 +547,14 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
     } else {
       if (job.peer >= 0) {
         Outcome fallback = Outcome::kDone;
-        n = read_peer(job, buf.data(), std::min<uint64_t>(block, e.size - job.done), fallback);
+        n = read_peer(job, buf.get(), std::min<uint64_t>(block, e.size - job.done), fallback);
         if (n == -2) {
           abandon(job, fallback == Outcome::kNotNow ? kNone : kQueued);
           return fallback;
         }
       } else {
         uint64_t t0 = monotonic_ns();
-        n = pread(job.src, buf.data(), block, off_t(job.done));
+        n = pread(job.src, buf.get(), block, off_t(job.done));
         if (n > 0) {
           count(s_pfs_reads);
           count(s_pfs_bytes, n);
@@ -557,7 +563,7 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
       }
       if (n > 0) {
         for (ssize_t w = 0; w < n;) {
-          ssize_t k = write(job.dst, buf.data() + w, n - w);
+          ssize_t k = write(job.dst, buf.get() + w, n - w);
           if (k < 0 && errno == EINTR) continue;
           if (k < 0) {
             n = -1;
