@@ -61,7 +61,8 @@ struct FoundList {
   std::vector<Found*> chunks;
   size_t last = 0;  // records in chunks.back()
   std::vector<char*> names;
-  size_t names_used = 0;  // bytes of names.back()
+  size_t names_used = 0;    // bytes of names.back()
+  uint64_t name_bytes = 0;  // of all paths
   static constexpr size_t kPerChunk = kChunkBytes / sizeof(Found);
 
   FoundList() = default;
@@ -91,6 +92,7 @@ struct FoundList {
       std::memcpy(p, name, name_len);
     }
     names_used += len;
+    name_bytes += len;
     f.path = reinterpret_cast<uint64_t>(p);
     f.path_len = uint16_t(len);
     if (chunks.empty() || last == kPerChunk) {
@@ -335,11 +337,10 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
     std::vector<Dir>().swap(v);
   }
   std::sort(dirs.begin(), dirs.end(), [](const Dir& a, const Dir& b) { return a.rel < b.rel; });
-  for (FoundList& l : w.files)
-    for (size_t c = 0; c < l.chunks.size(); ++c)
-      for (size_t i = 0, n = c + 1 < l.chunks.size() ? l.kPerChunk : l.last; i < n; ++i)
-        strings += l.chunks[c][i].path_len;
+  for (FoundList& l : w.files) strings += l.name_bytes;
   for (const Dir& d : dirs) strings += d.rel.size();
+  if (strings > 0xffffffffu)  // an Entry holds a 32-bit offset
+    throw std::runtime_error("the dataset's paths take more than 4 GiB: too many files");
   const std::vector<Attr>& attrs = w.attrs.table();
 
   // Layout.
