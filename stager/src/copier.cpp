@@ -10,9 +10,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <memory>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <memory>
 #include <unordered_set>
 
 namespace monarch {
@@ -242,18 +243,70 @@ void Copier::judge_the_pfs() {
   if (!opt_.fast_fs_check || counters_[s_copies_off].load()) return;
   uint64_t opens = counters_[s_pfs_opens].load(), open_ns = counters_[s_pfs_open_ns].load();
   uint64_t bytes = counters_[s_pfs_bytes].load(), read_ns = counters_[s_pfs_read_ns].load();
-  spdlog::info("JUDGE {} {} {} {} {}", opens, open_ns, bytes, read_ns,
-               monotonic_ns());                         // TEMP-FASTFS
-  static bool now = getenv("FASTFS_JUDGE") != nullptr;  // TEMP-FASTFS
-  if (opens < kJudgeOpens || (!now && bytes < kJudgeBytes) || !read_ns) return;
+  if (opens < kJudgeOpens || bytes < kJudgeBytes || !read_ns) return;
   double open_us = double(open_ns) / double(opens) / 1e3;
   double gbs = double(bytes) / double(read_ns);  // per copy thread, GB/s
-  if (open_us > kFastOpenUs || (!now && gbs < kFastGBs)) return;
+  if (open_us > kFastOpenUs || gbs < kFastGBs) return;
+  stop_copying(fmt::format("open {:.0f} us, reads {:.2f} GB/s per thread", open_us, gbs));
+}
+
+uint64_t Copier::read_back(const Job& job, const std::string& name) {
+  int fd = openat(opt_.tier_fds[job.tier], name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return 0;
+  // Read as a reader reads a copy the page cache no longer holds: written
+  // back, dropped from the cache, then read through it (a tier in memory
+  // keeps its pages, and reads as fast as memory).
+  uint64_t n = job.first_read_bytes;
+  bool ok = sync_file_range(fd, 0, off_t(n),
+                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                SYNC_FILE_RANGE_WAIT_AFTER) == 0 &&
+            posix_fadvise(fd, 0, off_t(n), POSIX_FADV_DONTNEED) == 0;
+  thread_local std::unique_ptr<char[]> buf;  // not zeroed: only the pages read are held
+  thread_local uint64_t buf_size = 0;
+  if (buf_size < n) buf.reset(new char[n]), buf_size = n;
+  uint64_t t0 = monotonic_ns();
+  ok = ok && pread(fd, buf.get(), n, 0) == ssize_t(n);
+  uint64_t tier_ns = monotonic_ns() - t0;
+  close(fd);
+  return ok ? std::max<uint64_t>(tier_ns, 1) : 0;
+}
+
+void Copier::sample_tier(const Job& job, const std::string& name) {
+  if (!opt_.fast_fs_check || map_.header().copies_off.load()) return;
+  // A slow open already says the file system is no tier: that file counts
+  // against it, and its copy is not read back (no cost for a real PFS).
+  uint64_t tier_ns = 0;
+  if (job.open_ns <= uint64_t(kFastOpenUs * 1e3) && !(tier_ns = read_back(job, name))) return;
+  std::lock_guard lock(judge_mu_);
+  if (!sampling_) return;
+  samples_.push_back({job.open_ns, job.first_read_ns, tier_ns});
+  if (samples_.size() % kJudgeFiles) return;
+  if (samples_.size() >= kJudgeFiles * kJudgeWindows) sampling_ = false;
+  std::vector<double> opens, ratios;
+  for (const JudgeSample& s : samples_) {
+    opens.push_back(double(s.open_ns));
+    ratios.push_back(s.tier_ns ? double(s.pfs_ns) / double(s.tier_ns) : HUGE_VAL);
+  }
+  auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  double open_us = median(opens) / 1e3, ratio = median(ratios);
+  spdlog::debug(
+      "fast-file-system check, {} files: PFS open {:.0f} us, PFS reads {:.2f}x the tier's",
+      samples_.size(), open_us, ratio);
+  if (open_us <= kFastOpenUs && ratio <= kFastRatio)
+    stop_copying(fmt::format("open {:.0f} us, reads {:.2f}x the tier's", open_us, ratio));
+}
+
+void Copier::stop_copying(const std::string& why) {
+  uint64_t on = 0;
+  if (!counters_[s_copies_off].compare_exchange_strong(on, 1)) return;
   spdlog::info(
-      "the dataset's file system is as fast as a local tier (open {:.0f} us, reads {:.1f} "
-      "GB/s per thread): no more copies, the job reads it directly",
-      open_us, gbs);
-  counters_[s_copies_off] = 1;
+      "the dataset's file system is as fast as a local tier ({}): no more copies, the job reads "
+      "it directly",
+      why);
+  sampling_ = false;
   map_.header().copies_off.store(1, std::memory_order_release);
   std::lock_guard lock(mu_);
   cv_.notify_all();
@@ -484,8 +537,9 @@ bool Copier::begin(Job& job) {
   if (job.memfd < 0 && job.peer < 0) {
     uint64_t t0 = monotonic_ns();
     job.src = openat(opt_.root_fd, rel.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    job.open_ns = monotonic_ns() - t0;
     count(s_pfs_opens);
-    count(s_pfs_open_ns, monotonic_ns() - t0);
+    count(s_pfs_open_ns, job.open_ns);
     struct stat st;
     if (job.src < 0 || fstat(job.src, &st) != 0) {
       spdlog::info("cannot read {}: {}; it will be read from the PFS", rel, std::strerror(errno));
@@ -556,9 +610,11 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
         uint64_t t0 = monotonic_ns();
         n = pread(job.src, buf.get(), block, off_t(job.done));
         if (n > 0) {
+          uint64_t ns = monotonic_ns() - t0;
           count(s_pfs_reads);
           count(s_pfs_bytes, n);
-          count(s_pfs_read_ns, monotonic_ns() - t0);
+          count(s_pfs_read_ns, ns);
+          if (job.done == 0) job.first_read_ns = ns, job.first_read_bytes = uint64_t(n);
         }
       }
       if (n > 0) {
@@ -688,6 +744,8 @@ void Copier::finish(Job& job) {
   }
   count(s_copy_ns, monotonic_ns() - job.started_ns);
   last_copy_ns_ = monotonic_ns();
+  if (job.first_read_bytes && sampling_.load(std::memory_order_relaxed))
+    sample_tier(job, final_name);
   judge_the_pfs();
   job.tier = -1;
   close_files(job, false);
