@@ -8,7 +8,7 @@ OUT=${OUT:-$PWD}
 record() {
   env | grep -E '^(LD_PRELOAD|MONARCH_[A-Z_]*)=' | sort >"$OUT/$1.env"
   id -u >"$OUT/$1.uid"
-  ps -o ruid=,euid=,suid=,fsuid=,rgid=,egid=,sgid=,fsgid=,args= -C monarch-stager |
+  ps -o ruid=,euid=,suid=,fsuid=,rgid=,egid=,sgid=,fsgid=,pid=,args= -C monarch-stager |
     grep -e "--job job$SLURM_JOB_ID " >"$OUT/$1.stagers" || true
 }
 
