@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <unordered_set>
@@ -241,13 +240,10 @@ void Copier::reap() {
 
 void Copier::judge_the_pfs() {
   if (!opt_.fast_fs_check || counters_[s_copies_off].load()) return;
-  uint64_t opens = counters_[s_pfs_opens].load(), open_ns = counters_[s_pfs_open_ns].load();
-  uint64_t bytes = counters_[s_pfs_bytes].load(), read_ns = counters_[s_pfs_read_ns].load();
-  if (opens < kJudgeOpens || bytes < kJudgeBytes || !read_ns) return;
-  double open_us = double(open_ns) / double(opens) / 1e3;
-  double gbs = double(bytes) / double(read_ns);  // per copy thread, GB/s
-  if (open_us > kFastOpenUs || gbs < kFastGBs) return;
-  stop_copying(fmt::format("open {:.0f} us, reads {:.2f} GB/s per thread", open_us, gbs));
+  Verdict v = fast_by_rates(counters_[s_pfs_opens].load(), counters_[s_pfs_open_ns].load(),
+                            counters_[s_pfs_bytes].load(), counters_[s_pfs_read_ns].load());
+  if (v.fast)
+    stop_copying(fmt::format("open {:.0f} us, reads {:.2f} GB/s per thread", v.open_us, v.read));
 }
 
 uint64_t Copier::read_back(const Job& job, const std::string& name) {
@@ -276,27 +272,18 @@ void Copier::sample_tier(const Job& job, const std::string& name) {
   // A slow open already says the file system is no tier: that file counts
   // against it, and its copy is not read back (no cost for a real PFS).
   uint64_t tier_ns = 0;
-  if (job.open_ns <= uint64_t(kFastOpenUs * 1e3) && !(tier_ns = read_back(job, name))) return;
+  if (fast_open(job.open_ns) && !(tier_ns = read_back(job, name))) return;
   std::lock_guard lock(judge_mu_);
   if (!sampling_) return;
   samples_.push_back({job.open_ns, job.first_read_ns, tier_ns});
   if (samples_.size() % kJudgeFiles) return;
   if (samples_.size() >= kJudgeFiles * kJudgeWindows) sampling_ = false;
-  std::vector<double> opens, ratios;
-  for (const JudgeSample& s : samples_) {
-    opens.push_back(double(s.open_ns));
-    ratios.push_back(s.tier_ns ? double(s.pfs_ns) / double(s.tier_ns) : HUGE_VAL);
-  }
-  auto median = [](std::vector<double>& v) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
-  double open_us = median(opens) / 1e3, ratio = median(ratios);
+  Verdict v = fast_by_tier(samples_);
   spdlog::debug(
       "fast-file-system check, {} files: PFS open {:.0f} us, PFS reads {:.2f}x the tier's",
-      samples_.size(), open_us, ratio);
-  if (open_us <= kFastOpenUs && ratio <= kFastRatio)
-    stop_copying(fmt::format("open {:.0f} us, reads {:.2f}x the tier's", open_us, ratio));
+      samples_.size(), v.open_us, v.read);
+  if (v.fast)
+    stop_copying(fmt::format("open {:.0f} us, reads {:.2f}x the tier's", v.open_us, v.read));
 }
 
 void Copier::stop_copying(const std::string& why) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "counters.h"
+#include "fast_fs.h"
 #include "jobmap.h"
 #include "placement.h"
 
@@ -138,46 +139,16 @@ class Copier {
   void abandon(Job& job, FileState state);
   void close_files(Job& job, bool keep_memfd);
   void drop_stale_copy(uint32_t file);
-  // Is the dataset's file system so fast (a local disk, an all-flash PFS)
-  // that reading copies cannot beat reading it? Then no more copies are made
-  // (Header::copies_off), and readers read it directly. Told two ways:
-  // - early, against the tier itself (sample_tier): each of the first
-  //   kJudgeFiles * kJudgeWindows copies from the PFS is read back from its
-  //   tier as a reader reads a copy the page cache no longer holds, the same
-  //   bytes as the copy's first PFS read (a copy whose PFS open was slow
-  //   counts as slow, unread). After every kJudgeFiles of them, the medians
-  //   of all so far decide: a PFS open under kFastOpenUs and a PFS read
-  //   taking at most kFastRatio times the tier's say fast. Load on the node
-  //   (CPU, the disk's queue) slows both reads alike, where an absolute rate
-  //   of small files measures mostly their latency and the load. Measured on
-  //   the fast-file-system benchmark (dataset and tier on one disk, 2 busy
-  //   cores): single files 0.2-7x, medians of 8 to 32 files 0.7-1.5x (the
-  //   PFS's first read of a file also reads its metadata); decided after 8
-  //   copies, where the mean rates below took 270-730 (8-111 MiB) under a
-  //   concurrent build;
-  // - at any time, from the copy threads' mean rates (judge_the_pfs).
+  // The fast-file-system check (fast_fs.h): the first copies read back from
+  // their tier (sample_tier), and the copy threads' mean rates
+  // (judge_the_pfs); the first verdict of fast stops copying.
   void sample_tier(const Job& job, const std::string& name);
   uint64_t read_back(const Job& job, const std::string& name);  // ns, 0 when it could not
   void judge_the_pfs();
   void stop_copying(const std::string& why);
-  static constexpr size_t kJudgeFiles = 8, kJudgeWindows = 4;
-  static constexpr double kFastRatio = 1.5;
-  struct JudgeSample {
-    uint64_t open_ns, pfs_ns, tier_ns;
-  };
   std::mutex judge_mu_;
-  std::vector<JudgeSample> samples_;  // REQUIRES judge_mu_
+  std::vector<TierSample> samples_;  // REQUIRES judge_mu_
   std::atomic<bool> sampling_{true};
-  static constexpr uint64_t kJudgeOpens = 8, kJudgeBytes = 8 << 20;
-  // A PFS open costs a metadata server's round trip (hundreds of us and more);
-  // a local file system's, tens of us. The bandwidth floor keeps copying from
-  // a file system that opens fast but reads slowly (NFS with cached attributes
-  // over 1 GbE: 0.03 GB/s a thread). Measured by the copy threads during a
-  // job (contrib/bench/run, 4 readers and 4 copy threads on 2 busy cores;
-  // judged after 8 files and 8 MiB): the local disk 2-11 us an open,
-  // 0.07-0.18 GB/s a thread (small files: mostly their latency); the emulated
-  // PFS (1 ms, 400 MB/s) 1.4-2.2 ms, 0.08-0.10 GB/s.
-  static constexpr double kFastOpenUs = 100, kFastGBs = 0.1;
   std::string tmp_name(uint32_t file) const;
   bool make_parents(int tier, std::string_view rel);
   void count(StagerCounter c, uint64_t n = 1) {

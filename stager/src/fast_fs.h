@@ -1,0 +1,69 @@
+// The fast-file-system check's decisions: is the dataset's file system so
+// fast (a local disk, an all-flash PFS) that reading copies cannot beat
+// reading it? Then the stager makes no more copies (Header::copies_off) and
+// readers read the dataset directly. The copier measures
+// (Copier::sample_tier, Copier::judge_the_pfs); these functions decide.
+//
+// Two ways:
+// - early, against the tier itself: each of the first kJudgeFiles *
+//   kJudgeWindows copies from the PFS is read back from its tier as a reader
+//   reads a copy the page cache no longer holds, the same bytes as the
+//   copy's first PFS read (a copy whose PFS open was slow counts as slow,
+//   unread: a real PFS pays nothing). After every kJudgeFiles of them, the
+//   medians of all so far decide. Load on the node (CPU, the disk's queue)
+//   slows both reads alike, where an absolute rate of small files measures
+//   mostly their latency and the load. Measured on the fast-file-system
+//   benchmark (dataset and tier on one disk, 2 busy cores): single files
+//   0.2-7x, medians of 8 to 32 files 0.7-1.5x (the PFS's first read of a
+//   file also reads its metadata); decided after 8 copies, where the mean
+//   rates below took 270-730 (8-111 MiB) under a concurrent build;
+// - at any time, from the copy threads' mean rates, after kJudgeOpens files
+//   and kJudgeBytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace monarch {
+
+// A PFS open costs a metadata server's round trip (hundreds of us and more);
+// a local file system's, tens of us. The bandwidth floor keeps copying from
+// a file system that opens fast but reads slowly (NFS with cached attributes
+// over 1 GbE: 0.03 GB/s a thread). Measured by the copy threads during a job
+// (contrib/bench/run, 4 readers and 4 copy threads on 2 busy cores): the
+// local disk 2-11 us an open, 0.07-0.18 GB/s a thread (small files: mostly
+// their latency); the emulated PFS (1 ms, 400 MB/s) 1.4-2.2 ms, 0.08-0.10 GB/s.
+inline constexpr double kFastOpenUs = 100, kFastGBs = 0.1;
+// A PFS read of a copy's first bytes taking at most this many times the
+// tier's read of them.
+inline constexpr double kFastRatio = 1.5;
+inline constexpr size_t kJudgeFiles = 8, kJudgeWindows = 4;
+inline constexpr uint64_t kJudgeOpens = 8, kJudgeBytes = 8 << 20;
+
+// One of the first copies: its PFS open, its first PFS read, and the same
+// bytes read back from the tier (0: not read back, its open was slow).
+struct TierSample {
+  uint64_t open_ns, pfs_ns, tier_ns;
+};
+
+// Whether a copy's PFS open was fast enough for the copy to be read back.
+inline bool fast_open(uint64_t open_ns) {
+  return double(open_ns) <= kFastOpenUs * 1e3;
+}
+
+struct Verdict {
+  bool fast = false;
+  double open_us = 0;  // the open time judged (median, or mean)
+  double read = 0;     // by_tier: PFS read / tier read (median); by_rates: GB/s a thread
+};
+
+// The medians of `samples` (at least one): a PFS open under kFastOpenUs and
+// a PFS read at most kFastRatio times the tier's say fast.
+Verdict fast_by_tier(std::vector<TierSample> samples);
+
+// The copy threads' totals: after kJudgeOpens opens and kJudgeBytes, a mean
+// open under kFastOpenUs and reads of at least kFastGBs a thread say fast.
+Verdict fast_by_rates(uint64_t opens, uint64_t open_ns, uint64_t bytes, uint64_t read_ns);
+
+}  // namespace monarch
