@@ -128,13 +128,11 @@ namespace monarch::real {
 #define MONARCH_VARIADIC(ret, name, params, args, handler) \
   extern ret (*name)(MONARCH_UNPAREN params, ...);
 #define MONARCH_READ(ret, name, params, args, handler) extern ret(*name) params;
-#define MONARCH_FD MONARCH_READ
 #define MONARCH_UNPAREN(...) __VA_ARGS__
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
 #undef MONARCH_VARIADIC
 #undef MONARCH_READ
-#undef MONARCH_FD
 void resolve();
 }  // namespace monarch::real

@@ -118,23 +118,8 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     using namespace monarch;                                               \
     return serve<ret>(true, fn, [&]() -> ret { return handler; });         \
   }
-// Descriptors Monarch does not track go straight to the kernel: the handler
-// would do nothing for them.
-#define MONARCH_FD(ret, name, params, args, handler)               \
-  extern "C" MONARCH_EXPORT ret name params {                      \
-    if (__builtin_expect(!monarch::real::name, 0)) {               \
-      monarch::real::resolve();                                    \
-      if (!monarch::real::name) return errno = ENOSYS, -1;         \
-    }                                                              \
-    if (!monarch::tracked(fd)) return monarch::real::name args;    \
-    auto fn = [&]() -> ret { return monarch::real::name args; };   \
-    Pass<ret> pass(fn);                                            \
-    using namespace monarch;                                       \
-    return serve<ret>(true, fn, [&]() -> ret { return handler; }); \
-  }
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
 #undef MONARCH_VARIADIC
 #undef MONARCH_READ
-#undef MONARCH_FD
