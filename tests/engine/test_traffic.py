@@ -10,6 +10,14 @@ from harness import (AFTER_INDEX, Case, FULL, PY, READER, SMALL, Pfs, TierWatch,
                      dataset, dataset_bytes, epoch_deltas, read_dataset, reference, run, tier)
 
 
+def copying(test, t, quota="10G"):
+    """monarch-run's options for tier `t` with copies whatever the dataset's
+    speed: the emulator here has no latency and a local disk behind it, as
+    fast as a tier, where the fast-file-system check would stop copying
+    (FastDataset tests that check)."""
+    return ["--config", conf_file(test, t, quota=quota, copy_fast_dataset="yes")]
+
+
 class Traffic(Case):
     @classmethod
     def setUpClass(cls):
@@ -19,7 +27,7 @@ class Traffic(Case):
 
     def run_epochs(self, pfs, quota, mode="read", extra=()):
         t = tier(self)
-        opts = ["--dataset", pfs.dataset, "--tier", f"{t}:{quota}", "--keep"]
+        opts = ["--dataset", pfs.dataset, *copying(self, t, quota), "--keep"]
         watch = TierWatch(t)
         before = pfs.counts()
         try:
@@ -58,7 +66,7 @@ class Traffic(Case):
             size = sum(os.path.getsize(os.path.join(records, n)) for n in os.listdir(records))
             before = pfs.counts()
             epochs, _ = read_dataset(pfs.dataset, "tfrecord",
-                                     monarch=["--dataset", records, "--tier", t],
+                                     monarch=["--dataset", records, *copying(self, t)],
                                      counts=pfs.counts_file, extra=["--subdir", "records"],
                                      prefix=AFTER_INDEX)
         self.assertSameBytes(epochs, self.ref, "records/")
@@ -100,7 +108,8 @@ class Traffic(Case):
                       "    open(p, 'rb').read()\n"
                       "time.sleep(2)\n")  # time enough for stage-ahead to go as far as it may
             before = pfs.counts()
-            run([PY, "-c", script] + part, monarch=["--dataset", pfs.dataset, "--tier", tier(self)])
+            run([PY, "-c", script] + part,
+                monarch=["--dataset", pfs.dataset, *copying(self, tier(self))])
             pfs_bytes = pfs.counts()["bytes"] - before["bytes"]
         size = dataset_bytes(root)
         print(f"partial read: read {want / size:.3f} of the dataset; the PFS served "
@@ -122,7 +131,7 @@ class ManyProcesses(Case):
                             for i in range(8)) + " & wait"
         watch = TierWatch(t)
         try:
-            run(["sh", "-c", script], monarch=["--dataset", root, "--tier", f"{t}:{quota}",
+            run(["sh", "-c", script], monarch=["--dataset", root, *copying(self, t, quota),
                                                "--keep", "--report", report])
         finally:
             watch.stop()
