@@ -154,12 +154,18 @@ void mark_stale_dir(JobMap* m, uint32_t dir, Change change) {
   };
   for (uint64_t d = 0; d < m->dirs(); ++d)
     if (under(m->dir_path(uint32_t(d)))) m->dir(uint32_t(d)).stale = 1;
-  // Files are sorted by path: those below `prefix` are one run.
+  // Files are sorted by path (as unsigned bytes): those below `prefix` are
+  // one run, from the first path not before prefix + "/". Siblings such as
+  // "prefix-x/..." and "prefix.y/..." sort between prefix and prefix + "/".
+  auto before_run = [&](std::string_view p) {
+    if (int c = p.substr(0, prefix.size()).compare(prefix); c != 0) return c < 0;
+    return p.size() == prefix.size() || static_cast<unsigned char>(p[prefix.size()]) < '/';
+  };
   uint64_t lo = 0, hi = m->size();
   if (!prefix.empty()) {
     while (lo < hi) {
       uint64_t mid = (lo + hi) / 2;
-      if (m->path(uint32_t(mid)) < prefix)
+      if (before_run(m->path(uint32_t(mid))))
         lo = mid + 1;
       else
         hi = mid;

@@ -1,11 +1,18 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <thread>
 
 #include "index.h"
 
@@ -162,6 +169,255 @@ TEST(Index, UnreadableRootIsAClearError) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/dataset"), std::string::npos);
   }
+}
+
+// lstat of `rel` below the directory `dir_fd`, one component at a time (a
+// path may be longer than PATH_MAX).
+int lstat_below(int dir_fd, const std::string& rel, struct stat* st) {
+  int fd = dup(dir_fd);
+  size_t at = 0;
+  for (size_t slash; fd >= 0 && (slash = rel.find('/', at)) != std::string::npos; at = slash + 1) {
+    int next = openat(fd, rel.substr(at, slash - at).c_str(),
+                      O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    close(fd);
+    fd = next;
+  }
+  if (fd < 0) return -1;
+  int r = fstatat(fd, rel.c_str() + at, st, AT_SYMLINK_NOFOLLOW);
+  close(fd);
+  return r;
+}
+
+// Creates the file `rel` (its directories too) below `dir_fd`, of `size`
+// bytes (sparse), however long the path.
+void make_below(int dir_fd, const std::string& rel, off_t size) {
+  int fd = dup(dir_fd);
+  size_t at = 0;
+  for (size_t slash; (slash = rel.find('/', at)) != std::string::npos; at = slash + 1) {
+    std::string comp = rel.substr(at, slash - at);
+    mkdirat(fd, comp.c_str(), 0755);
+    int next = openat(fd, comp.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    close(fd);
+    ASSERT_GE(next, 0) << rel;
+    fd = next;
+  }
+  int f = openat(fd, rel.c_str() + at, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  close(fd);
+  ASSERT_GE(f, 0) << rel << ": " << std::strerror(errno);
+  ASSERT_EQ(ftruncate(f, size), 0);
+  close(f);
+}
+
+// Every entry of `m` is the file at its path below `root_fd` (identity, size,
+// times), the entries are in strictly increasing path order, and every path
+// and identity leads back to its entry. `want`: the files that must be there
+// with their sizes (all of them, unless `subset`).
+void expect_exact(const JobMap& m, int root_fd, const std::map<std::string, uint64_t>& want,
+                  bool subset = false) {
+  ASSERT_EQ(m.why(), "");
+  if (!subset) {
+    ASSERT_EQ(m.size(), want.size());
+  }
+  uint64_t bad = 0;
+  for (uint32_t i = 0; i < m.size() && bad < 10; ++i) {
+    std::string_view p = m.path(i);
+    std::string ps(p);
+    auto w = want.find(ps);
+    bool ok = !p.empty() && w != want.end() && m.entry(i).size == w->second;
+    if (i > 0) ok = ok && m.path(i - 1) < p;  // sorted, no duplicates
+    ok = ok && m.find(p) == int64_t(i);
+    struct stat st;
+    ok = ok && lstat_below(root_fd, ps, &st) == 0;
+    const Entry& e = m.entry(i);
+    ok = ok && st.st_ino == e.ino && uint64_t(st.st_size) == e.size &&
+         to_ns(st.st_mtim) == e.mtime_ns && to_ns(st.st_ctim) == e.ctime_ns &&
+         to_ns(st.st_atim) == e.atime_ns;
+    if (const Attr* a = m.attr(i))
+      ok = ok && a->dev == uint64_t(st.st_dev) && a->uid == st.st_uid && a->mode == st.st_mode &&
+           m.same_version(i, st);
+    else
+      ok = ok && e.attr == kNoAttr;
+    bool by_inode = false;
+    m.for_each_inode(st.st_dev, st.st_ino, [&](uint32_t f) { by_inode = by_inode || f == i; });
+    ok = ok && by_inode;
+    if (!ok) {
+      ++bad;
+      ADD_FAILURE() << "entry " << i << " (" << ps.size() << " bytes: " << ps.substr(0, 60)
+                    << ") is not its file";
+    }
+  }
+}
+
+// Paths that fill the walk's 1 MiB chunks of names exactly, paths that leave
+// a gap at their end, more records than a chunk holds in one directory (one
+// walk thread), bytes past 0x7f and below '/', a path longer than PATH_MAX:
+// every entry is its own file, in path order.
+TEST(Index, EveryEntryIsItsOwnFileWhateverItsPath) {
+  TempDir d;
+  fs::path root = d.path / "ds";
+  fs::create_directories(root);
+  int root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(root_fd, 0);
+  std::map<std::string, uint64_t> want;
+  uint64_t size = 0;
+  auto add = [&](const std::string& rel) {
+    make_below(root_fd, rel, off_t(++size));
+    want[rel] = size;
+  };
+  // 256-byte paths: 4096 to a chunk, exactly. 17,000 > the 16,384 records of
+  // a chunk.
+  for (int i = 0; i < 17000; ++i) {
+    std::string name = std::to_string(i) + "_";
+    add("d/" + name + std::string(254 - name.size(), char('a' + i % 26)));
+  }
+  // 255-byte paths with bytes past 0x7f: 16 bytes left at each chunk's end.
+  for (int i = 0; i < 9000; ++i) {
+    std::string name = std::to_string(i) + "\xc3\xa9";
+    add("e/" + name + std::string(253 - name.size(), char(0x80 + i % 0x7f)));
+  }
+  // Lengths 1 to 255, and names that sort around '/' (" ", "-", ".", "0").
+  for (int i = 0; i < 3000; ++i) {
+    std::string name = std::to_string(i) + "_";
+    size_t len = 1 + (i * 7919u) % 255;
+    if (name.size() < len) name += std::string(len - name.size(), "-. 0~\x7f\xff"[i % 7]);
+    add("f/" + name);
+  }
+  for (const char* rel : {"x", "x-", "x.y", "x0", "x\xff", "y/x", "y-/x", "y.z/x", "y0/x", "z"})
+    add(rel);
+  // A file whose path is longer than PATH_MAX (its directory's is not), and
+  // a directory too deep to open by one path (its file is not indexed).
+  std::string deep;
+  while (deep.size() < 3800) deep += std::string(250, char('A' + deep.size() / 251)) + "/";
+  add(deep + std::string(255, 'L'));
+  std::string too_deep = deep + std::string(255, 'M') + "/" + std::string(100, 'N');
+  make_below(root_fd, too_deep + "/unseen", 1);
+
+  IndexOptions o{.root = root.string(), .out_path = (d.path / "index").string()};
+  IndexStats stats;
+  MappedMap mm = build_index(o, stats, [](JobMap&) {});
+  EXPECT_EQ(stats.files, want.size());
+  EXPECT_EQ(stats.unreadable, 1u);  // too_deep
+  expect_exact(mm.map(), root_fd, want);
+  int64_t long_one = mm.map().find(deep + std::string(255, 'L'));
+  ASSERT_GE(long_one, 0);
+  EXPECT_GT(mm.map().path(uint32_t(long_one)).size(), size_t(PATH_MAX));
+  // The files below a directory are one run (the client's prefix runs).
+  const JobMap& m = mm.map();
+  for (const char* dir : {"x", "y", "d", "e", "f"}) {
+    std::string pre = std::string(dir) + "/";
+    uint64_t first = m.size(), n = 0;
+    for (uint64_t i = 0; i < m.size(); ++i)
+      if (m.path(uint32_t(i)).starts_with(pre)) {
+        if (first == m.size()) first = i;
+        EXPECT_EQ(i, first + n++) << pre;
+      }
+  }
+  close(root_fd);
+}
+
+TEST(Index, EmptyDatasetAndDirectoriesWithoutFiles) {
+  TempDir d;
+  fs::path root = d.path / "ds";
+  fs::create_directories(root / "a/b/c");
+  fs::create_directories(root / "d");
+  IndexOptions o{.root = root.string(), .out_path = (d.path / "index").string()};
+  IndexStats stats;
+  MappedMap mm = build_index(o, stats, [](JobMap&) {});
+  EXPECT_EQ(mm.map().why(), "");
+  EXPECT_EQ(mm.map().size(), 0u);
+  EXPECT_EQ(mm.map().dirs(), 4u);
+  EXPECT_EQ(mm.map().find("a/b"), -1);
+  EXPECT_EQ(mm.map().find(""), -1);
+  EXPECT_GE(mm.map().find_dir("a/b/c"), 0);
+  MappedMap again = open_index(o.out_path);
+  EXPECT_EQ(again.map().why(), "");
+
+  fs::remove_all(root / "a");
+  fs::remove_all(root / "d");
+  MappedMap none = build_index(o, stats, [](JobMap&) {});
+  EXPECT_EQ(none.map().why(), "");
+  EXPECT_EQ(none.map().size(), 0u);
+  EXPECT_EQ(none.map().dirs(), 0u);
+}
+
+// A walk stopped midway publishes the files it found, each exactly.
+TEST(Index, AStoppedWalkHoldsOnlyExactEntries) {
+  TempDir d;
+  fs::path root = d.path / "ds";
+  fs::create_directories(root);
+  int root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  std::map<std::string, uint64_t> want;
+  for (int i = 0; i < 20000; ++i) {
+    std::string rel =
+        "c" + std::to_string(i % 40) + "/" + std::to_string(i) + std::string(i % 200, 'p');
+    make_below(root_fd, rel, i);
+    want[rel] = i;
+  }
+  std::atomic<bool> stop{false};
+  IndexOptions o{.root = root.string(),
+                 .out_path = (d.path / "index").string(),
+                 .index_rate = 40000,  // half a second
+                 .stop = &stop};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    stop = true;
+  });
+  IndexStats stats;
+  MappedMap mm = build_index(o, stats, [](JobMap&) {});
+  stopper.join();
+  EXPECT_TRUE(stats.stopped);
+  // Paced, the whole walk takes 0.4 s at least; on a busy machine the walk's
+  // threads (at the lowest priority) may not have found anything yet.
+  EXPECT_LT(stats.files, want.size());
+  std::printf("stopped walk: %llu of %zu files\n", (unsigned long long)stats.files, want.size());
+  expect_exact(mm.map(), root_fd, want, true);
+
+  IndexStats none;
+  MappedMap empty = build_index(o, none, [](JobMap&) {});  // stopped from the start
+  EXPECT_TRUE(none.stopped);
+  EXPECT_EQ(empty.map().size(), 0u);
+  EXPECT_EQ(empty.map().why(), "");
+  close(root_fd);
+}
+
+// More kinds of attributes than the table holds (kNoAttr entries), on two
+// devices: every entry is still exact and found by its path and identity.
+// (The device barely moves a bucket of the identity table, so this cannot see
+// a kNoAttr entry given another's device.) Needs root: chown, a tmpfs mount.
+TEST(Index, AttributeKindsPastTheTableOnTwoDevices) {
+  TempDir d;
+  fs::path root = d.path / "ds";
+  fs::create_directories(root / "mnt");
+  if (mount("monarch-test", (root / "mnt").c_str(), "tmpfs", 0, "mode=0755") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs: " << std::strerror(errno);
+  struct Unmount {
+    fs::path p;
+    ~Unmount() { umount2(p.c_str(), MNT_DETACH); }
+  } unmount{root / "mnt"};
+  int root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  std::map<std::string, uint64_t> want;
+  const int kinds = 70000;  // > kNoAttr
+  for (int i = 0; i < kinds; ++i) {
+    std::string rel =
+        (i % 2 ? "mnt/" : "") + std::string("k") + std::to_string(i % 64) + "/" + std::to_string(i);
+    make_below(root_fd, rel, i);
+    if (fchownat(root_fd, rel.c_str(), uid_t(200000 + i), gid_t(0), AT_SYMLINK_NOFOLLOW) != 0)
+      GTEST_SKIP() << "cannot chown: " << std::strerror(errno);
+    want[rel] = i;
+  }
+  IndexOptions o{.root = root.string(), .out_path = (d.path / "index").string()};
+  IndexStats stats;
+  MappedMap mm = build_index(o, stats, [](JobMap&) {});
+  const JobMap& m = mm.map();
+  EXPECT_EQ(m.header().attr_count, uint64_t(kNoAttr));
+  uint64_t none[2] = {0, 0};
+  for (uint32_t i = 0; i < m.size(); ++i)
+    if (m.entry(i).attr == kNoAttr) none[m.path(i).starts_with("mnt/")]++;
+  std::printf("entries without attributes: %llu on the root's device, %llu on the tmpfs\n",
+              (unsigned long long)none[0], (unsigned long long)none[1]);
+  EXPECT_EQ(none[0] + none[1], uint64_t(kinds - kNoAttr));
+  expect_exact(m, root_fd, want);
+  close(root_fd);
 }
 
 }  // namespace

@@ -95,6 +95,26 @@ class Handlers : public ::testing::Test {
   JobMap* m = nullptr;
 };
 
+// A directory renamed or removed makes every file below it stale, however
+// its siblings' names sort: "sub-x/" and "sub.y/" come between "sub" and
+// "sub/" (their run of files was missed when the search looked for "sub").
+TEST(Client, AStaleDirectoryMarksEveryFileBelowIt) {
+  char name[] = "/tmp/monarch-stale-dir-XXXXXX";
+  fs::path top = mkdtemp(name), ds = top / "ds";
+  for (const char* rel : {"a.bin", "sub/c.bin", "sub/d.bin", "sub-x/e.bin", "sub.y/f.bin"})
+    write(ds / rel, "x");
+  IndexOptions o{.root = ds.string(), .out_path = (top / "index").string()};
+  IndexStats stats;
+  MappedMap mm = build_index(o, stats, [](JobMap&) {});
+  JobMap* map = &mm.map();
+  mark_stale_dir(map, uint32_t(map->find_dir("sub")), Change::kNames);
+  for (const char* rel : {"sub/c.bin", "sub/d.bin"})
+    EXPECT_EQ(map->state(uint32_t(map->find(rel))).state, kStale) << rel;
+  for (const char* rel : {"a.bin", "sub-x/e.bin", "sub.y/f.bin"})
+    EXPECT_EQ(map->state(uint32_t(map->find(rel))).state, kNone) << rel;
+  fs::remove_all(top);
+}
+
 TEST_F(Handlers, PathsResolveAsTheKernelDoes) {
   std::string d = ds.string();
   EXPECT_EQ(at(d + "/a.bin").where, Where::kFile);
