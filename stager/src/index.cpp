@@ -472,10 +472,16 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   }
   give_all.release();
   for (size_t i = 0, other = 0; i < count; ++i) {
-    const Entry& e = entries[i];
-    place(bucket, buckets, JobMap::hash(std::string_view(str + e.path_off, e.path_len)), i);
-    uint64_t dev = e.attr != kNoAttr ? attrs[e.attr].dev : other_devs[other++].second;
-    place(ino_bucket, ino_buckets, JobMap::hash(dev, e.ino), i);
+    // Read back from the shared file: checked, as another process of the
+    // user could write it (index.tmp is the user's own).
+    uint64_t off = entries[i].path_off, len = entries[i].path_len, ino = entries[i].ino;
+    uint16_t attr = entries[i].attr;
+    if (off + len > strings ||
+        (attr != kNoAttr ? attr >= attrs.size() : other >= other_devs.size()))
+      throw std::runtime_error("the index of " + opt.root + " was changed while it was written");
+    place(bucket, buckets, JobMap::hash(std::string_view(str + off, len)), i);
+    uint64_t dev = attr != kNoAttr ? attrs[attr].dev : other_devs[other++].second;
+    place(ino_bucket, ino_buckets, JobMap::hash(dev, ino), i);
   }
   auto* dir_entries = reinterpret_cast<DirEntry*>(p + dirs_off);
   auto* dir_bucket = reinterpret_cast<uint32_t*>(p + dir_buckets_off);
