@@ -246,6 +246,15 @@ void Copier::judge_the_pfs() {
     stop_copying(fmt::format("open {:.0f} us, reads {:.2f} GB/s per thread", v.open_us, v.read));
 }
 
+char* Copier::copy_buffer(uint64_t n) {
+  // Not zeroed: its pages are taken as reads fill them, so a thread that
+  // copies only small files holds only what they need.
+  thread_local std::unique_ptr<char[]> buf;
+  thread_local uint64_t size = 0;
+  if (size < n) buf.reset(new char[n]), size = n;
+  return buf.get();
+}
+
 uint64_t Copier::read_back(const Job& job, const std::string& name) {
   int fd = openat(opt_.tier_fds[job.tier], name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return 0;
@@ -257,11 +266,8 @@ uint64_t Copier::read_back(const Job& job, const std::string& name) {
                             SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                                 SYNC_FILE_RANGE_WAIT_AFTER) == 0 &&
             posix_fadvise(fd, 0, off_t(n), POSIX_FADV_DONTNEED) == 0;
-  thread_local std::unique_ptr<char[]> buf;  // not zeroed: only the pages read are held
-  thread_local uint64_t buf_size = 0;
-  if (buf_size < n) buf.reset(new char[n]), buf_size = n;
   uint64_t t0 = monotonic_ns();
-  ok = ok && pread(fd, buf.get(), n, 0) == ssize_t(n);
+  ok = ok && pread(fd, copy_buffer(n), n, 0) == ssize_t(n);
   uint64_t tier_ns = monotonic_ns() - t0;
   close(fd);
   return ok ? std::max<uint64_t>(tier_ns, 1) : 0;
@@ -567,13 +573,9 @@ bool Copier::begin(Job& job) {
 }
 
 Copier::Outcome Copier::copy_blocks(Job& job) {
-  // Not zeroed: its pages are taken as reads fill them, so a thread that
-  // copies only small files holds only what they need.
-  thread_local std::unique_ptr<char[]> buf;
-  thread_local uint64_t buf_size = 0;
   const Entry& e = map_.entry(job.file);
   uint64_t block = opt_.block_sizes[job.tier];
-  if (buf_size < block) buf.reset(new char[block]), buf_size = block;
+  char* buf = copy_buffer(block);
   CopySlot& slot = map_.header().copies[job.slot];
   for (;;) {
     if (stopping_) {
@@ -588,14 +590,14 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
     } else {
       if (job.peer >= 0) {
         Outcome fallback = Outcome::kDone;
-        n = read_peer(job, buf.get(), std::min<uint64_t>(block, e.size - job.done), fallback);
+        n = read_peer(job, buf, std::min<uint64_t>(block, e.size - job.done), fallback);
         if (n == -2) {
           abandon(job, fallback == Outcome::kNotNow ? kNone : kQueued);
           return fallback;
         }
       } else {
         uint64_t t0 = monotonic_ns();
-        n = pread(job.src, buf.get(), block, off_t(job.done));
+        n = pread(job.src, buf, block, off_t(job.done));
         if (n > 0) {
           uint64_t ns = monotonic_ns() - t0;
           count(s_pfs_reads);
@@ -606,7 +608,7 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
       }
       if (n > 0) {
         for (ssize_t w = 0; w < n;) {
-          ssize_t k = write(job.dst, buf.get() + w, n - w);
+          ssize_t k = write(job.dst, buf + w, n - w);
           if (k < 0 && errno == EINTR) continue;
           if (k < 0) {
             n = -1;
