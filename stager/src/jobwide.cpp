@@ -409,10 +409,20 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
       return later;
     }
   }
-  if (st.code == peers::Code::timeout) {
+  // Silent, or its connection broke after it had answered (a stager that
+  // stopped at the job's end before this one, a loaded node, or a dead one):
+  // given up on only when that lasts the whole peer timeout. A copy waits for
+  // a silent node, which may answer any moment; a broken connection is tried
+  // again later, and the copy reads the PFS meanwhile (a replica waits).
+  bool broken = st.code == peers::Code::unreachable && peer.answered.load();
+  if (st.code == peers::Code::timeout || broken) {
     uint64_t now = now_ns(), since = silent.load();
     if (!since) silent.compare_exchange_strong(since, now), since = since ? since : now;
-    if (now - since < uint64_t(opt_.timeout_ms) * 1'000'000) return Got::kPending;
+    if (now - since < uint64_t(opt_.timeout_ms) * 1'000'000) {
+      if (!broken) return Got::kPending;
+      peer.down_until.store(now + kNotUpRetryNs);
+      return later;
+    }
     fail(node, st);
     return Got::kFailed;
   }

@@ -104,8 +104,8 @@ class JobWide : public PeerSource {
   std::unique_ptr<peers::Peers> net_;
   // What this node knows of each other node: given up on; since when it has
   // answered no call (0: it answers); whether it ever answered; until when
-  // it is taken as not up yet (its stager starts with the job's first step
-  // there); when it was first tried.
+  // it is not asked (its stager starts with the job's first step there, or
+  // its connection broke); when it was first tried.
   struct Peer {
     std::atomic<bool> failed{false}, answered{false};
     std::atomic<uint64_t> silent_since{0}, down_until{0}, first_try{0};
