@@ -360,7 +360,11 @@ bool Copier::next_replica(Job& job) {
     uint32_t s = map_.entry(f).state.load();
     if (state_of(s) != kNone) continue;  // here, under way, or no room
     int home = opt_.peers->home(f);
-    if (home < 0) continue;  // re-homed here: a reader's request copies it
+    if (home < 0) continue;           // re-homed here: a reader's request copies it
+    if (opt_.peers->resting(home)) {  // no copy begun only to be given up: a later pass
+      replicas_deferred_ = true;
+      continue;
+    }
     if (!set_state(f, s, make_state(kQueued, 0, coarse_now()))) continue;
     job = Job{.file = f, .peer = home, .replica = true};
     return true;

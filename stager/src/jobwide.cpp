@@ -361,6 +361,10 @@ void JobWide::fail(int node, const peers::Status& why) {
                opt_.nodes[node], peers::to_string(why.code), why.text);
 }
 
+bool JobWide::resting(int node) {
+  return node >= 0 && size_t(node) < opt_.nodes.size() && peers_[node].down_until.load() > now_ns();
+}
+
 PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, size_t len,
                               bool replica, size_t& n) {
   n = 0;
@@ -418,9 +422,11 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   if (st.code == peers::Code::timeout || broken) {
     uint64_t now = now_ns(), since = silent.load();
     if (!since) silent.compare_exchange_strong(since, now), since = since ? since : now;
-    if (now - since < uint64_t(opt_.timeout_ms) * 1'000'000) {
+    uint64_t timeout = uint64_t(opt_.timeout_ms) * 1'000'000;
+    if (now - since < timeout) {
       if (!broken) return Got::kPending;
-      peer.down_until.store(now + kNotUpRetryNs);
+      // Asked again within the timeout, more than once, before given up on.
+      peer.down_until.store(now + std::min(kNotUpRetryNs, timeout / 4));
       return later;
     }
     fail(node, st);

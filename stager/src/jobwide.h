@@ -13,11 +13,12 @@
 //   the part written so far), and copies it from the PFS first when it has
 //   none, whether or not it is the file's home in its own view: views of
 //   failed nodes may differ between nodes, answers never do.
-// - Faults: a peer that does not answer within the peer timeout, refuses the
-//   job's key, or cannot be reached is failed for the rest of the job: its
-//   files are re-homed (the next node by rendezvous score, this one included)
-//   and nothing waits on it again. A file the peer cannot serve is read from
-//   the PFS. Bytes come only from a peer that knows the job's secret key.
+// - Faults: a peer that refuses the job's key, or does not answer (or cannot
+//   be reached again, once it has answered) for the whole peer timeout, is
+//   failed for the rest of the job: its files are re-homed (the next node by
+//   rendezvous score, this one included) and nothing waits on it again. A
+//   file the peer cannot serve is read from the PFS. Bytes come only from a
+//   peer that knows the job's secret key.
 //
 // Only the stager links this (UCX; see peers.h).
 #pragma once
@@ -82,6 +83,7 @@ class JobWide : public PeerSource {
   int home(uint32_t file) override;
   Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, bool replica,
            size_t& n) override;
+  bool resting(int node) override;
 
  private:
   struct Request;
