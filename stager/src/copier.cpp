@@ -52,26 +52,24 @@ Copier::~Copier() {
 void Copier::start() {
   start_ns_ = monotonic_ns();
   map_.header().copied_ns.store(start_ns_);
-  // Smallest files first: when the dataset does not fit, the tiers then hold
-  // the most files, which saves the most PFS operations in later epochs.
-  // In a multi-node job, each node stages ahead the files homed on it.
-  // Reserved and sorted in place: a few bytes a file, not twice that.
-  if (!opt_.peers) backlog_.reserve(map_.size());
-  for (uint32_t i = 0; i < map_.size(); ++i)
-    (!opt_.peers || opt_.peers->home(i) < 0 ? backlog_ : replicas_).push_back(i);
-  spdlog::debug("stage-ahead backlog: {} of {} files", backlog_.size(), map_.size());
+  // Smaller files first (size_order.h). In a multi-node job, each node
+  // stages ahead the files homed on it, then the others' (replicas).
+  const Entry* entries = map_.size() ? &map_.entry(0) : nullptr;
   if (opt_.peers) {
-    for (uint32_t f : backlog_)
-      if (state_of(map_.entry(f).state.load()) == kNone) home_left_ += map_.entry(f).size;
+    std::vector<bool> own(map_.size());
+    for (uint32_t i = 0; i < map_.size(); ++i) {
+      own[i] = opt_.peers->home(i) < 0;
+      if (own[i] && state_of(map_.entry(i).state.load()) == kNone) home_left_ += map_.entry(i).size;
+    }
     for (int t = 0; t < placement_.tiers(); ++t)
       home_slack_ += placement_.quota(t) / kHomeSlackShare;
+    backlog_.reset(entries, map_.size(), own);
+    own.flip();
+    replicas_.reset(entries, map_.size(), std::move(own));
+    replicas_pass_ns_ = monotonic_ns();
+  } else {
+    backlog_.reset(entries, map_.size());
   }
-  auto by_size = [this](uint32_t a, uint32_t b) {  // equal sizes in path order
-    uint64_t sa = map_.entry(a).size, sb = map_.entry(b).size;
-    return sa < sb || (sa == sb && a < b);
-  };
-  std::sort(backlog_.begin(), backlog_.end(), by_size);
-  std::sort(replicas_.begin(), replicas_.end(), by_size);
   for (unsigned i = 0; i < opt_.threads; ++i)
     threads_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "monarch-copy");  // for ps, gdb, and fault tests
@@ -308,7 +306,7 @@ void Copier::stop_copying(const std::string& why) {
 bool Copier::idle() const {
   std::lock_guard lock(mu_);
   return urgent_.empty() && paused_.empty() && peer_.empty() && running_ == 0 && !rescan_ &&
-         (!opt_.stage_ahead || backlog_next_ >= backlog_.size());
+         (!opt_.stage_ahead || backlog_.done());
 }
 
 double Copier::fill_seconds() const {
@@ -348,15 +346,15 @@ bool Copier::next_peer_job(Job& job) {
 
 bool Copier::next_replica(Job& job) {
   if (!opt_.stage_ahead || map_.header().copies_off.load(std::memory_order_relaxed) ||
-      backlog_next_ < backlog_.size())
+      !backlog_.done())
     return false;
-  if (replicas_next_ >= replicas_.size()) {
+  if (replicas_.current() < 0) {
     if (!replicas_deferred_ || monotonic_ns() - replicas_pass_ns_ < kReplicaPassNs) return false;
-    replicas_next_ = 0, replicas_deferred_ = false;
+    replicas_.rewind(), replicas_deferred_ = false, replicas_pass_ns_ = monotonic_ns();
   }
-  if (replicas_next_ == 0) replicas_pass_ns_ = monotonic_ns();
-  while (replicas_next_ < replicas_.size()) {
-    uint32_t f = replicas_[replicas_next_++];
+  for (int64_t id; (id = replicas_.current()) >= 0;) {
+    replicas_.advance();
+    uint32_t f = uint32_t(id);
     uint32_t s = map_.entry(f).state.load();
     if (state_of(s) != kNone) continue;  // here, under way, or no room
     int home = opt_.peers->home(f);
@@ -419,14 +417,14 @@ bool Copier::next_job(Job& job) {
     }
     bool waiting_for_readers = false;
     if (opt_.stage_ahead && !map_.header().copies_off.load(std::memory_order_relaxed)) {
-      while (backlog_next_ < backlog_.size()) {
-        uint32_t f = backlog_[backlog_next_];
+      for (int64_t id; (id = backlog_.current()) >= 0;) {
+        uint32_t f = uint32_t(id);
         uint32_t s = map_.entry(f).state.load();
         if (state_of(s) == kNone && !window_room(map_.entry(f).size)) {
           waiting_for_readers = true;  // far enough ahead: until readers read some of it
           break;
         }
-        backlog_next_++;
+        backlog_.advance();
         if (state_of(s) == kNone && set_state(f, s, make_state(kQueued, 0, coarse_now()))) {
           job = Job{.file = f, .ahead = true};
           ahead_bytes_ += map_.entry(f).size;
@@ -436,7 +434,7 @@ bool Copier::next_job(Job& job) {
       }
       if (rescan_) {
         rescan_ = false;
-        backlog_next_ = 0;
+        backlog_.rewind();
         continue;
       }
     }

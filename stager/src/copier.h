@@ -28,6 +28,7 @@
 #include "fast_fs.h"
 #include "jobmap.h"
 #include "placement.h"
+#include "size_order.h"
 
 namespace monarch {
 
@@ -172,12 +173,12 @@ class Copier {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> urgent_, paused_, peer_;
-  std::vector<uint32_t> backlog_;  // stage-ahead order: file ids by size
+  SizeOrder backlog_;  // stage-ahead: this node's files
   // Multi-node jobs: the files homed elsewhere, copied from their homes once
   // this node's own backlog is done (its share of the job's cache first),
   // while the tiers have room. Those a home has not copied yet are looked at
   // again, a pass every kReplicaPassNs.
-  std::vector<uint32_t> replicas_;
+  SizeOrder replicas_;
   // Bytes of files homed here not placed yet: room other nodes' files leave,
   // and a share of the tiers more for the file systems' own blocks, which
   // grow with every copy and which the accounting of copies in whole blocks
@@ -186,13 +187,11 @@ class Copier {
   std::atomic<uint64_t> home_left_{0};
   uint64_t home_slack_ = 0;
   static constexpr uint64_t kHomeSlackShare = 16;  // 1/16 of the tiers' quotas
-  size_t replicas_next_ = 0;
   bool replicas_deferred_ = false;
   uint64_t replicas_pass_ns_ = 0;
   static constexpr uint64_t kReplicaPassNs = 500'000'000;
   bool next_replica(Job& job);  // REQUIRES mu_
-  uint64_t backlog_next_ = 0;
-  uint64_t ahead_bytes_ = 0;  // copies made (or under way) ahead of any reader
+  uint64_t ahead_bytes_ = 0;    // copies made (or under way) ahead of any reader
   // Whether a copy of `size` bytes may be made ahead: the copies readers have
   // not opened stay within the window (a file larger than the window only
   // when no other is unread), so that a job reading a part of the dataset
