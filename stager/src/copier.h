@@ -1,6 +1,6 @@
 // The copy engine of the stager: one queue for the whole node, readers'
 // requests first, then files paused for them, then the stage-ahead backlog
-// (smallest files first).
+// (smaller files first: size_order.h).
 //
 // A copy is written to <tier job dir>/tmp/<generation>-<id> in large
 // sequential blocks, publishing its progress so that readers can use the part
