@@ -140,7 +140,7 @@ def scenario_table(sc):
                          f"Local/{fit}'s epochs)")
     lines.append("epoch 1 counts from the job's launch, start-up included (start: launch to the "
                  "job's first read; Monarch: stager and index too),\nas does its PFS traffic; "
-                 "/Local: to Local of the same fit (half: the smallest files, as Monarch picks); "
+                 "/Local: to Local of the same fit (half: smaller files first, as Monarch picks); "
                  "exit: launch to exit, teardown included")
     return "\n".join(lines)
 

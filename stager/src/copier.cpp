@@ -65,7 +65,7 @@ void Copier::start() {
       home_slack_ += placement_.quota(t) / kHomeSlackShare;
     backlog_.reset(entries, map_.size(), own);
     own.flip();
-    replicas_.reset(entries, map_.size(), std::move(own));
+    replicas_.reset(entries, map_.size(), own);
     replicas_pass_ns_ = monotonic_ns();
   } else {
     backlog_.reset(entries, map_.size());
@@ -598,11 +598,12 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
           return fallback;
         }
       } else {
-        // At most the indexed size (finish() checks the file still has it):
-        // a direct-I/O read takes the pages of all the buffer it is given,
-        // 4 MiB a thread for files of a few KiB (on FUSE, 1 MiB a request).
+        // At most a byte past the indexed size (a file that grew returns it,
+        // and finish() finds its copy too long): a direct-I/O read takes the
+        // pages of all the buffer it is given, 4 MiB a thread for files of a
+        // few KiB (on FUSE, 1 MiB a request).
         uint64_t t0 = monotonic_ns();
-        n = pread(job.src, buf, std::min<uint64_t>(block, e.size - job.done), off_t(job.done));
+        n = pread(job.src, buf, std::min<uint64_t>(block, e.size - job.done + 1), off_t(job.done));
         if (n > 0) {
           uint64_t ns = monotonic_ns() - t0;
           count(s_pfs_reads);
