@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -21,12 +22,12 @@ std::vector<int64_t> walk(SizeOrder& o) {
   return out;
 }
 
-TEST(SizeOrder, EmptyFilesThenEachPowerOfTwoInPathOrder) {
-  auto e = with_sizes({5, 0, 1000, 3, 64, 0, 7, uint64_t(1) << 40, 4});
+TEST(SizeOrder, SmallerFirstPathOrderWithinAQuarterOfAPowerOfTwo) {
+  auto e = with_sizes({5, 0, 1000, 3, 64, 0, 7, uint64_t(1) << 40, 4, 1023, 900, 70, 79, 80});
   SizeOrder o;
   o.reset(e.data(), e.size());
-  // 0 B: 1, 5; 2-3 B: 3; 4-7 B: 0, 6, 8; 64 B; 1000 B; 1 TiB.
-  EXPECT_EQ(walk(o), (std::vector<int64_t>{1, 5, 3, 0, 6, 8, 4, 2, 7}));
+  // 0 B: 1, 5; 3, 4, 5, 7 B; [64, 80): 4, 11, 12; [80, 96): 13; [896, 1024): 2, 9, 10; 1 TiB.
+  EXPECT_EQ(walk(o), (std::vector<int64_t>{1, 5, 3, 8, 0, 6, 4, 11, 12, 13, 2, 9, 10, 7}));
   EXPECT_TRUE(o.done());
   EXPECT_EQ(o.current(), -1) << "past the last file it stays there";
 }
@@ -46,7 +47,7 @@ TEST(SizeOrder, ACursorNotAdvancedGivesTheSameFileAndRewindStartsOver) {
 TEST(SizeOrder, MembersAndTheirComplementShareTheFilesOnce) {
   std::mt19937_64 rng(7);
   std::vector<uint64_t> sizes(20'000);
-  for (auto& s : sizes) s = rng() >> (rng() % 64);  // sizes over every class
+  for (auto& s : sizes) s = rng() >> (4 + rng() % 60);  // sizes over every class to 2^60
   auto e = with_sizes(sizes);
   std::vector<bool> own(e.size());
   for (size_t i = 0; i < own.size(); ++i) own[i] = rng() % 3 == 0;
@@ -56,13 +57,13 @@ TEST(SizeOrder, MembersAndTheirComplementShareTheFilesOnce) {
   others.reset(e.data(), e.size(), own);
   std::vector<int> seen(e.size());
   for (SizeOrder* o : {&mine, &others}) {
-    int last_class = 0;
+    uint64_t largest = 0;  // of the files before
     for (int64_t f : walk(*o)) {
       ++seen[f];
       EXPECT_EQ(o == &mine, !own[f]) << "file " << f << " in the wrong order";
-      int c = SizeOrder::size_class(e[f].size);
-      EXPECT_LE(last_class, c) << "file " << f << " of " << e[f].size << " bytes came late";
-      last_class = c;
+      EXPECT_LE(largest * 4, e[f].size * 5)
+          << "file " << f << " of " << e[f].size << " bytes after one of " << largest;
+      largest = std::max(largest, e[f].size);
     }
   }
   for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << "file " << i;
