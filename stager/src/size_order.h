@@ -8,8 +8,7 @@
 // a byte a file, its class (or "not held": in a multi-node job, the other
 // nodes' files, or this node's), where a list sorted by size took 4 bytes a
 // file (5 MB of a 1.28-million-file stager's 130). A pass scans those bytes
-// once for each class that has files (memchr: about 1 ms a class for 1.28
-// million files), under the copier's lock.
+// once (memchr) for each class that has files, under the copier's lock.
 #pragma once
 
 #include <array>
