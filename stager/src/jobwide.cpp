@@ -378,9 +378,10 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   }
   if (!m || file >= m->size()) return Got::kUnavailable;
   Peer& peer = peers_[node];
-  // Not up yet: its files come from the PFS meanwhile (a replica waits).
+  // Not up yet, or its connection broke: its files come from the PFS
+  // meanwhile (a replica waits).
   Got later = replica ? Got::kNotYet : Got::kUnavailable;
-  if (peer.down_until.load() > now_ns()) return later;
+  if (resting(node)) return later;
   const Entry& e = m->entry(file);
   Request r{.type = kFetch,
             .file = file,

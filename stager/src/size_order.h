@@ -4,11 +4,11 @@
 // A cursor, not a list of the files: classes of sizes (0-3 bytes each a
 // class, then four a power of two: [4k, 5k), [5k, 6k), [6k, 7k), [7k, 8k)),
 // and within a class the files in id order (their paths' order), so a file
-// may go before one down to 4/5 of its size. It keeps
-// a byte a file, its class (or "not held": in a multi-node job, the other
-// nodes' files, or this node's), where a list sorted by size took 4 bytes a
-// file (5 MB of a 1.28-million-file stager's 130). A pass scans those bytes
-// once (memchr) for each class that has files, under the copier's lock.
+// may go before one down to 4/5 of its size. It keeps a byte a file, its
+// class (or "not held": in a multi-node job, the other nodes' files, or this
+// node's), where a list sorted by size took 4 bytes a file (5 MB of a
+// 1.28-million-file stager's 130). A pass scans those bytes once (memchr)
+// for each class that has files, under the copier's lock.
 #pragma once
 
 #include <array>
