@@ -36,11 +36,6 @@ using Pass = PassOf<R>;
 template <typename R>
 using PassFd = PassOf<R, int>;
 
-// True when `path` (relative to dirfd) cannot name a dataset file: what the
-// open wrappers test before anything else, so that other opens cost one
-// prefix comparison. False does not mean it is one.
-bool outside(int dirfd, const char* path);
-
 // ---- open (open.cpp) ----
 int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass);
 FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass);
@@ -128,11 +123,13 @@ namespace monarch::real {
 #define MONARCH_VARIADIC(ret, name, params, args, handler) \
   extern ret (*name)(MONARCH_UNPAREN params, ...);
 #define MONARCH_READ(ret, name, params, args, handler) extern ret(*name) params;
+#define MONARCH_ON_FD MONARCH_READ
 #define MONARCH_UNPAREN(...) __VA_ARGS__
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
 #undef MONARCH_VARIADIC
 #undef MONARCH_READ
+#undef MONARCH_ON_FD
 void resolve();
 }  // namespace monarch::real

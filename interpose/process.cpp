@@ -23,10 +23,6 @@ constinit Process P{};
 
 namespace {
 
-bool has_prefix(const char* path, const char* root, size_t len) {
-  return len && std::strncmp(path, root, len) == 0 && (path[len] == '/' || path[len] == 0);
-}
-
 pid_t real_pid() {
   return pid_t(syscall(SYS_getpid));
 }
@@ -208,6 +204,7 @@ JobMap* load_map() {
         size_t n = std::strlen(m->real_root());
         std::memcpy(P.real_root, m->real_root(), n + 1);
         P.real_len = n;
+        P.real_differs = std::strcmp(P.real_root, P.root) != 0;
         P.index_ino = st.st_ino;
         P.map = m;
         result = m;
@@ -355,16 +352,6 @@ void note(const char* fmt, ...) {
   buf[n++] = '\n';
   (void)!syscall(SYS_write, 2, buf, n);
   errno = saved;
-}
-
-bool outside(int dirfd, const char* path) {
-  if (!P.enabled || !path || !*path) return true;
-  if (path[0] != '/')  // relative to a directory descriptor: not served
-    return dirfd != AT_FDCWD ||
-           (!P.cwd_related.load(std::memory_order_relaxed) && !std::strstr(path, ".."));
-  size_t rl = P.real_len.load(std::memory_order_relaxed);
-  if (rl && (path[1] == 'p' || path[1] == 'd') && magic_fd(path) >= 0) return false;  // a copy?
-  return !has_prefix(path, P.root, P.root_len) && !(rl && has_prefix(path, P.real_root, rl));
 }
 
 Resolved where(int dirfd, const char* path, JobMap*& m, bool any_dirfd) {

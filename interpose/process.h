@@ -2,6 +2,7 @@
 // to, the job map once it is published, and who owns this memory.
 #pragma once
 
+#include <fcntl.h>
 #include <limits.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -9,6 +10,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstring>
 
 #include "jobmap.h"
 #include "paths.h"
@@ -26,6 +28,7 @@ struct Process {
   size_t root_len;
   char real_root[kPathMax];  // from the job map, once loaded
   std::atomic<size_t> real_len;
+  std::atomic<bool> real_differs;  // real_root is not root: a path may start with either
   char job_dir[kPathMax];
   char job_mount_path[kPathMax];  // job_dir made lexically clean, for /proc/self/mountinfo
   char job_name[kPathMax];        // "monarch-<key>", the name of the job's directory on every tier
@@ -82,6 +85,26 @@ int magic_fd(const char* path);
 // /dev/fd/N...): if the kernel's name for it is one of the job's copies,
 // returns its file and tier.
 bool names_a_copy(int fd, JobMap*& m, uint32_t& file, uint32_t& tier);
+
+// `path` is `root` or below it (`len` is root's length; 0 matches nothing).
+inline bool has_prefix(const char* path, const char* root, size_t len) {
+  return len && std::strncmp(path, root, len) == 0 && (path[len] == '/' || path[len] == 0);
+}
+
+// True when `path` (relative to dirfd) cannot name a dataset file: what the
+// open wrappers test before anything else, so that other opens cost one
+// prefix comparison. False does not mean it is one. Inline: it is most of
+// what an open outside the dataset costs.
+inline bool outside(int dirfd, const char* path) {
+  if (!P.enabled || !path || !*path) return true;
+  if (path[0] != '/')  // relative to a directory descriptor: not served
+    return dirfd != AT_FDCWD ||
+           (!P.cwd_related.load(std::memory_order_relaxed) && !std::strstr(path, ".."));
+  size_t rl = P.real_len.load(std::memory_order_relaxed);
+  if (rl && (path[1] == 'p' || path[1] == 'd') && magic_fd(path) >= 0) return false;  // a copy?
+  return !has_prefix(path, P.root, P.root_len) &&
+         !(P.real_differs.load(std::memory_order_relaxed) && has_prefix(path, P.real_root, rl));
+}
 
 // Sets up the library from the environment (the constructor calls it; tests
 // call it with their own values). Returns false when Monarch stays off.

@@ -20,11 +20,13 @@ namespace monarch::real {
 #define MONARCH_VARIADIC(ret, name, params, args, handler) \
   ret (*name)(MONARCH_UNPAREN params, ...) = nullptr;
 #define MONARCH_READ MONARCH_WRAP
+#define MONARCH_ON_FD MONARCH_WRAP
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
 #undef MONARCH_VARIADIC
 #undef MONARCH_READ
+#undef MONARCH_ON_FD
 
 namespace {
 // glibc >= 2.33 keeps the __xstat family only as compat symbols, which an
@@ -42,11 +44,13 @@ void resolve() {
 #define MONARCH_WRAP(ret, name, params, args, handler) MONARCH_RESOLVE(name)
 #define MONARCH_VARIADIC MONARCH_WRAP
 #define MONARCH_READ MONARCH_WRAP
+#define MONARCH_ON_FD MONARCH_WRAP
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
 #undef MONARCH_VARIADIC
 #undef MONARCH_READ
+#undef MONARCH_ON_FD
 #undef MONARCH_RESOLVE
 }
 }  // namespace monarch::real

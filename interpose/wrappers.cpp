@@ -18,6 +18,7 @@
 
 #include "fdtable.h"
 #include "handlers.h"
+#include "process.h"
 
 #define MONARCH_EXPORT __attribute__((visibility("default")))
 
@@ -58,7 +59,17 @@ R serve(bool have_real, Fn& fn, Handler handler) {
 // which finds a dataset file by its identity (another name, a link).
 #define MONARCH_WRITES(flags) (((flags)&O_ACCMODE) != O_RDONLY || ((flags)&O_TRUNC))
 
+// The wrapper tests a path outside the dataset before anything else, and only
+// a path that may be inside takes the served call's frame (`name##_served`).
 #define MONARCH_OPEN(name, params, args, dirfd)                                          \
+  namespace {                                                                            \
+  __attribute__((noinline)) int name##_served(MONARCH_UNPAREN params, mode_t mode) {     \
+    auto fn = [&]() -> int { return monarch::real::name(MONARCH_UNPAREN args, mode); };  \
+    Pass<int> pass(fn);                                                                  \
+    return serve<int>(monarch::real::name != nullptr, fn,                                \
+                      [&] { return monarch::on_open(dirfd, path, flags, mode, pass); }); \
+  }                                                                                      \
+  }                                                                                      \
   extern "C" MONARCH_EXPORT int name(MONARCH_UNPAREN params, ...) {                      \
     mode_t mode = 0;                                                                     \
     if (MONARCH_NEEDS_MODE(flags)) {                                                     \
@@ -67,13 +78,10 @@ R serve(bool have_real, Fn& fn, Handler handler) {
       mode = va_arg(ap, mode_t);                                                         \
       va_end(ap);                                                                        \
     }                                                                                    \
-    if (!monarch::real::name) monarch::real::resolve();                                  \
+    if (__builtin_expect(!monarch::real::name, 0)) monarch::real::resolve();             \
     if (monarch::real::name && !MONARCH_WRITES(flags) && monarch::outside(dirfd, path))  \
       return monarch::real::name(MONARCH_UNPAREN args, mode);                            \
-    auto fn = [&]() -> int { return monarch::real::name(MONARCH_UNPAREN args, mode); };  \
-    Pass<int> pass(fn);                                                                  \
-    return serve<int>(monarch::real::name != nullptr, fn,                                \
-                      [&] { return monarch::on_open(dirfd, path, flags, mode, pass); }); \
+    return name##_served(MONARCH_UNPAREN args, mode);                                    \
   }
 #define MONARCH_WRAP(ret, name, params, args, handler)                                       \
   extern "C" MONARCH_EXPORT ret name params {                                                \
@@ -118,8 +126,27 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     using namespace monarch;                                               \
     return serve<ret>(true, fn, [&]() -> ret { return handler; });         \
   }
+// Descriptors Monarch did not open: the real call, as the handler would make
+// it, without the served call's frame (`name##_served`).
+#define MONARCH_ON_FD(ret, name, params, args, handler)                          \
+  namespace {                                                                    \
+  __attribute__((noinline)) ret name##_served params {                           \
+    auto fn = [&]() -> ret { return monarch::real::name args; };                 \
+    Pass<ret> pass(fn);                                                          \
+    using namespace monarch;                                                     \
+    return serve<ret>(true, fn, [&]() -> ret { return handler; });               \
+  }                                                                              \
+  }                                                                              \
+  extern "C" MONARCH_EXPORT ret name params {                                    \
+    if (__builtin_expect(!monarch::real::name, 0)) {                             \
+      monarch::real::resolve();                                                  \
+      if (!monarch::real::name) return errno = ENOSYS, -1;                       \
+    }                                                                            \
+    return monarch::tracked(fd) ? name##_served args : monarch::real::name args; \
+  }
 #include "wrappers.def"
 #undef MONARCH_OPEN
 #undef MONARCH_WRAP
 #undef MONARCH_VARIADIC
 #undef MONARCH_READ
+#undef MONARCH_ON_FD
