@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <unordered_set>
 
@@ -91,8 +92,16 @@ bool Copier::stop(uint64_t bound_ns) {
     // A copy thread inside a PFS call that never returns (a hung PFS keeps a
     // process in uninterruptible sleep) cannot be joined: after the bound it
     // is left behind, and the caller must not wait for it either.
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(bound_ns);
-    if (!exited_cv_.wait_until(lock, deadline, [this] { return exited_ == threads_.size(); })) {
+    // No bound (~0, the default): wait for them all. (As a signed count of
+    // nanoseconds ~0 is -1: a deadline already past, every thread left.)
+    auto all_exited = [this] { return exited_ == threads_.size(); };
+    bool exited = true;
+    if (bound_ns >= uint64_t(std::numeric_limits<int64_t>::max()))
+      exited_cv_.wait(lock, all_exited);
+    else
+      exited = exited_cv_.wait_until(
+          lock, std::chrono::steady_clock::now() + std::chrono::nanoseconds(bound_ns), all_exited);
+    if (!exited) {
       spdlog::warn("{} copy threads are stuck in the PFS; leaving them", threads_.size() - exited_);
       for (auto& t : threads_) t.detach();
       threads_.clear();

@@ -82,7 +82,8 @@ class Copier {
   // Stops the threads; copies under way are abandoned and their temporary
   // files removed. Idempotent. Returns false when some thread did not stop
   // within `bound_ns` (stuck in a PFS call): the Copier must then never be
-  // destroyed (the process ends with _exit).
+  // destroyed (the process ends with _exit). ~0, the default (and the
+  // destructor's): no bound, every thread is joined.
   bool stop(uint64_t bound_ns = ~0ull);
 
   // A reader asked for `file`: copy it before the backlog.

@@ -115,17 +115,23 @@ struct Address {
   socklen_t len = 0;
 };
 
+// IPv4 only, to listen and to call: Debian 12's UCX (1.13.1) writes past the
+// end of a buffer when it accepts a connection over IPv6 on a TCP interface
+// (valgrind: uct_tcp_ep_set_dest_addr from ucp_ep_create_server_accept), and
+// the default listener (0.0.0.0) takes IPv4 alone, so a node name whose
+// first address is IPv6 would be called where nobody listens.
 bool resolve(const std::string& host, uint16_t port, bool passive, Address& out,
              std::string& error) {
   addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
+  hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
   addrinfo* res = nullptr;
   std::string service = std::to_string(port);
   int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
   if (rc != 0 || res == nullptr) {
-    error = "cannot resolve '" + host + "': " + gai_strerror(rc);
+    error = "cannot resolve '" + host + "' to an IPv4 address (" + gai_strerror(rc) +
+            "): the stagers of a job talk over IPv4 only";
     return false;
   }
   std::memcpy(&out.addr, res->ai_addr, res->ai_addrlen);
@@ -403,9 +409,7 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
     error = "UCX listener query: " + ucx_text(status);
     return false;
   }
-  port = ntohs(attr.sockaddr.ss_family == AF_INET6
-                   ? reinterpret_cast<sockaddr_in6*>(&attr.sockaddr)->sin6_port
-                   : reinterpret_cast<sockaddr_in*>(&attr.sockaddr)->sin_port);
+  port = ntohs(reinterpret_cast<sockaddr_in*>(&attr.sockaddr)->sin_port);  // IPv4: resolve()
 
   int worker_fd = -1;
   status = ucp_worker_get_efd(worker, &worker_fd);

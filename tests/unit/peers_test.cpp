@@ -417,5 +417,19 @@ TEST_F(PeersTest, NobodyListeningIsUnreachableAtOnce) {
   EXPECT_LT(ms_since(t0), 1000);
 }
 
+// IPv4 only (peers.cpp, resolve: UCX 1.13 overruns a buffer when it accepts
+// an IPv6 connection): an IPv6 address to listen on, or to call, is a clear
+// error, never a listener or a connection.
+TEST_F(PeersTest, IPv6IsAClearErrorNeverAConnection) {
+  std::string error;
+  auto v6 = Peers::start("::1", 0, kKey, "::1", [](std::vector<char>, Reply) {}, error);
+  EXPECT_EQ(v6, nullptr);
+  EXPECT_NE(error.find("'::1' to an IPv4 address"), std::string::npos) << error;
+  std::vector<char> reply;
+  Status status = client->call("::1", shared.port, "e", reply, 3000);
+  EXPECT_EQ(status.code, Code::unreachable) << status.text;
+  EXPECT_NE(status.text.find("IPv4 only"), std::string::npos) << status.text;
+}
+
 }  // namespace
 }  // namespace monarch::peers

@@ -1,0 +1,255 @@
+// Two stagers of one job in one process, over real UCX (TCP): node 0 listens
+// on the loopback's 127.0.0.1, node 1 on the machine's first other IPv4
+// address, on the same port (UCX connects only to an address of an interface
+// it uses, so not to 127.0.0.2). Each has its own job map and tier and copies
+// from the same dataset. What a node does when another node's stager goes
+// away and comes back (jobwide.h, Faults).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "copier.h"
+#include "counters.h"
+#include "index.h"
+#include "jobwide.h"
+#include "placement.h"
+
+namespace monarch {
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Got = PeerSource::Got;
+
+// The machine's first IPv4 address outside the loopback, and its interface.
+struct Iface {
+  std::string name, address;
+};
+Iface other_ipv4() {
+  ifaddrs* list = nullptr;
+  Iface out;
+  if (getifaddrs(&list) != 0) return out;
+  for (ifaddrs* i = list; i && out.name.empty(); i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+        !(i->ifa_flags & IFF_LOOPBACK)) {
+      char text[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+      out = {i->ifa_name, text};
+    }
+  freeifaddrs(list);
+  return out;
+}
+const Iface other = other_ipv4();
+
+const bool tcp_only = [] {
+  setenv("UCX_TLS", "tcp", 1);
+  setenv("UCX_NET_DEVICES", ("lo," + other.name).c_str(), 1);
+  return true;
+}();
+
+constexpr unsigned kTimeoutMs = 1500;  // the job's peer_timeout in these tests
+constexpr size_t kFileBytes = 64 << 10;
+
+long ms_since(Clock::time_point t) {
+  return long(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
+}
+
+// A TCP port nobody listens on now, on any address.
+uint16_t free_port() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{.sin_family = AF_INET, .sin_port = 0, .sin_addr = {htonl(INADDR_ANY)}};
+  socklen_t n = sizeof a;
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &n);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+// One node's stager: its job map, tier, copier and job-wide cache, serving.
+struct Node {
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  fs::path tier;
+  MappedMap map;
+  int root_fd = -1, tier_fd = -1;
+  std::unique_ptr<Placement> placement;
+  std::unique_ptr<JobWide> jw;
+  std::unique_ptr<Copier> copier;
+
+  Node(const fs::path& root, const fs::path& tier_dir, int self, uint16_t port) : tier(tier_dir) {
+    fs::remove_all(tier);
+    fs::create_directories(tier / kTmpDir);
+    fs::create_directories(tier / kDataDir);
+    IndexOptions io{.root = root.string(),
+                    .out_path = (tier / "index").string(),
+                    .tier_dirs = {tier.string()},
+                    .stall_ns = 200'000'000,
+                    .generation = uint64_t(self) + 1};
+    IndexStats st;
+    map = build_index(io, st, [](JobMap&) {});
+    root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    tier_fd = open(tier.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    placement = std::make_unique<Placement>(
+        std::vector<Placement::Tier>{{64 << 20, 4096}}, [](int) { return uint64_t(1) << 30; }, 0);
+    std::string error;
+    jw = JobWide::start({.nodes = {"127.0.0.1", other.address},
+                         .self = self,
+                         .port = port,
+                         .address = self == 0 ? "127.0.0.1" : other.address,
+                         .key = "job-77-secret",
+                         .timeout_ms = kTimeoutMs,
+                         .index_wait_ms = 5000},
+                        counters, error);
+    if (!jw) throw std::runtime_error("node " + std::to_string(self) + ": " + error);
+    copier = std::make_unique<Copier>(map.map(), *placement,
+                                      CopierOptions{.root_fd = root_fd,
+                                                    .tier_fds = {tier_fd},
+                                                    .block_sizes = {1 << 20},
+                                                    .threads = 2,
+                                                    .stage_ahead = false,
+                                                    .fast_fs_check = false,
+                                                    .peers = jw.get(),
+                                                    .peer_threads = 2},
+                                      counters);
+    copier->start();
+    jw->serving(map.map(), *copier, {tier_fd});
+  }
+  // As the stager stops: the job-wide cache first, then the copier.
+  ~Node() {
+    jw->stop();
+    copier->stop();
+    copier.reset();
+    jw.reset();
+    close(root_fd);
+    close(tier_fd);
+  }
+};
+
+class JobWideTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (other.name.empty()) GTEST_SKIP() << "no IPv4 address outside the loopback for node 1";
+    char name[] = "/tmp/monarch-jobwide-XXXXXX";
+    dir = mkdtemp(name);
+    root = dir / "ds";
+    fs::create_directories(root);
+    for (int i = 0; i < 8; ++i) {
+      std::string bytes(kFileBytes, char('a' + i));
+      std::ofstream(root / ("f" + std::to_string(i))) << bytes;
+    }
+    port = free_port();
+    a = std::make_unique<Node>(root, dir / "tier-a", 0, port);
+    b = start_b();
+    for (uint32_t f = 0; f < a->map.map().size() && file < 0; ++f)
+      if (a->jw->home(f) == 1) file = int(f);
+    ASSERT_GE(file, 0) << "no file homed on node 1";
+  }
+  void TearDown() override {
+    a.reset();
+    b.reset();
+    fs::remove_all(dir);
+  }
+  std::unique_ptr<Node> start_b() { return std::make_unique<Node>(root, dir / "tier-b", 1, port); }
+
+  // Node 0 reads the file from node 1 as a copy of node 0 does, at most `ms`:
+  // again while node 1 answers "pending" (its own copy from the PFS), and,
+  // `patient`, while it is away too. The first other answer otherwise.
+  Got fetch(long ms, bool patient = false) {
+    std::vector<char> buf(kFileBytes);
+    auto start = Clock::now();
+    for (;;) {
+      size_t n = 0;
+      Got got = a->jw->read(1, uint32_t(file), 0, buf.data(), buf.size(), false, n);
+      if (got == Got::kBytes) {
+        EXPECT_EQ(n, kFileBytes);
+        std::string want(kFileBytes, char('a' + (a->map.map().path(uint32_t(file)).back() - '0')));
+        EXPECT_EQ(std::string(buf.data(), n), want) << "the bytes are not the file's";
+        return got;
+      }
+      bool again = got == Got::kPending || (patient && got == Got::kUnavailable);
+      if (!again || ms_since(start) > ms) return got;
+      if (got != Got::kPending) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  // The first answer for the file other than "pending" (a call to a node
+  // that just went away may wait for its answer), within half the timeout.
+  Got settled(bool replica) {
+    std::vector<char> buf(kFileBytes);
+    size_t n = 0;
+    auto start = Clock::now();
+    Got got;
+    do got = a->jw->read(1, uint32_t(file), 0, buf.data(), buf.size(), replica, n);
+    while (got == Got::kPending && ms_since(start) < long(kTimeoutMs) / 2);
+    return got;
+  }
+
+  fs::path dir, root;
+  uint16_t port = 0;
+  std::unique_ptr<Node> a, b;
+  int file = -1;
+};
+
+// A node whose stager stopped after it had answered (its epilog ran first,
+// or it restarts) is not asked for a while, and its files come from the PFS
+// meanwhile; it is given up on only if it stays away for the peer timeout.
+TEST_F(JobWideTest, AStagerThatGoesAwayRestsItsNodeAndIsGivenUpOnlyAfterThePeerTimeout) {
+  ASSERT_EQ(fetch(10000), Got::kBytes);
+
+  b.reset();  // node 1's stager goes away
+  EXPECT_EQ(settled(false), Got::kUnavailable) << "a copy reads the PFS while the node is away";
+  EXPECT_TRUE(a->jw->resting(1));
+  EXPECT_EQ(a->jw->home(uint32_t(file)), 1) << "given up on at once";
+  EXPECT_EQ(a->counters[s_peers_failed].load(), 0u);
+
+  // Back within the timeout: asked again (every quarter of the timeout), served again.
+  b = start_b();
+  EXPECT_EQ(fetch(kTimeoutMs / 2, true), Got::kBytes) << "not served again within the timeout";
+  EXPECT_EQ(a->counters[s_peers_failed].load(), 0u);
+
+  // Away for good: given up on once the peer timeout has passed, not before.
+  b.reset();
+  auto gone = Clock::now();
+  long given_up_ms = -1;
+  std::vector<char> buf(kFileBytes);
+  size_t n = 0;
+  while (ms_since(gone) < long(kTimeoutMs) * 4) {
+    Got got = a->jw->read(1, uint32_t(file), 0, buf.data(), buf.size(), false, n);
+    if (got == Got::kFailed) {
+      given_up_ms = ms_since(gone);
+      break;
+    }
+    EXPECT_NE(got, Got::kBytes);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(given_up_ms, 0) << "never given up on";
+  EXPECT_GE(given_up_ms, long(kTimeoutMs) - 50) << "given up on before the peer timeout";
+  EXPECT_EQ(a->counters[s_peers_failed].load(), 1u);
+  EXPECT_NE(a->jw->home(uint32_t(file)), 1) << "its files are homed elsewhere";
+}
+
+// A replica (a copy made ahead from the file's home) never reads the PFS:
+// while the home is away it waits for a later pass.
+TEST_F(JobWideTest, AReplicaWaitsWhileTheHomeIsAway) {
+  ASSERT_EQ(fetch(10000), Got::kBytes);
+  b.reset();
+  EXPECT_EQ(settled(true), Got::kNotYet);
+  EXPECT_TRUE(a->jw->resting(1)) << "asked again at once";
+  EXPECT_EQ(settled(true), Got::kNotYet);
+  EXPECT_EQ(a->counters[s_peers_failed].load(), 0u);
+}
+
+}  // namespace
+}  // namespace monarch
