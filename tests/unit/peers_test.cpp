@@ -422,7 +422,8 @@ TEST_F(PeersTest, NobodyListeningIsUnreachableAtOnce) {
 // error, never a listener or a connection.
 TEST_F(PeersTest, IPv6IsAClearErrorNeverAConnection) {
   std::string error;
-  auto v6 = Peers::start("::1", 0, kKey, "::1", [](std::vector<char>, Reply) {}, error);
+  auto v6 = Peers::start(
+      "::1", 0, kKey, "::1", [](std::vector<char>, Reply) {}, error);
   EXPECT_EQ(v6, nullptr);
   EXPECT_NE(error.find("'::1' to an IPv4 address"), std::string::npos) << error;
   std::vector<char> reply;
