@@ -35,7 +35,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Got = PeerSource::Got;
 
-// The machine's first IPv4 address outside the loopback, and its interface.
+// The machine's first IPv4 address outside the loopback on an interface up
+// and running, and that interface.
 struct Iface {
   std::string name, address;
 };
@@ -45,7 +46,7 @@ Iface other_ipv4() {
   if (getifaddrs(&list) != 0) return out;
   for (ifaddrs* i = list; i && out.name.empty(); i = i->ifa_next)
     if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
-        !(i->ifa_flags & IFF_LOOPBACK)) {
+        (i->ifa_flags & IFF_RUNNING) && !(i->ifa_flags & IFF_LOOPBACK)) {  // as UCX takes one
       char text[INET_ADDRSTRLEN];
       inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
       out = {i->ifa_name, text};
@@ -61,7 +62,9 @@ const bool tcp_only = [] {
   return true;
 }();
 
-constexpr unsigned kTimeoutMs = 1500;  // the job's peer_timeout in these tests
+// The job's peer_timeout in these tests: room for node 1's restart on a loaded
+// machine; a node away is not asked for min(1 s, a quarter of it).
+constexpr unsigned kTimeoutMs = 5000;
 constexpr size_t kFileBytes = 64 << 10;
 
 long ms_since(Clock::time_point t) {
@@ -124,8 +127,8 @@ struct Node {
                                                     .peers = jw.get(),
                                                     .peer_threads = 2},
                                       counters);
+    jw->serving(map.map(), *copier, {tier_fd});  // in the stager's order
     copier->start();
-    jw->serving(map.map(), *copier, {tier_fd});
   }
   // As the stager stops: the job-wide cache first, then the copier.
   ~Node() {
@@ -141,7 +144,12 @@ struct Node {
 class JobWideTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (other.name.empty()) GTEST_SKIP() << "no IPv4 address outside the loopback for node 1";
+    if (other.name.empty()) {
+      // Under contrib/check (MONARCH_STRICT=1), where there always is one, a failure.
+      if (const char* strict = getenv("MONARCH_STRICT"); strict && std::string(strict) == "1")
+        FAIL() << "no IPv4 address outside the loopback for node 1";
+      GTEST_SKIP() << "no IPv4 address outside the loopback for node 1";
+    }
     char name[] = "/tmp/monarch-jobwide-XXXXXX";
     dir = mkdtemp(name);
     root = dir / "ds";
@@ -214,7 +222,7 @@ TEST_F(JobWideTest, AStagerThatGoesAwayRestsItsNodeAndIsGivenUpOnlyAfterThePeerT
   EXPECT_EQ(a->jw->home(uint32_t(file)), 1) << "given up on at once";
   EXPECT_EQ(a->counters[s_peers_failed].load(), 0u);
 
-  // Back within the timeout: asked again (every quarter of the timeout), served again.
+  // Back within the timeout (counted from the first call it did not answer): served again.
   b = start_b();
   EXPECT_EQ(fetch(kTimeoutMs / 2, true), Got::kBytes) << "not served again within the timeout";
   EXPECT_EQ(a->counters[s_peers_failed].load(), 0u);
