@@ -134,19 +134,23 @@ inline ProcSlot& slot(JobMap* m) {
   return t_slot.map == m ? *t_slot.slot : claim_slot(m);
 }
 
-inline void add(JobMap* m, int counter, uint64_t n = 1) {
-  std::atomic<uint64_t>& c = slot(m).c[counter];
+inline void add(ProcSlot& s, int counter, uint64_t n = 1) {
+  std::atomic<uint64_t>& c = s.c[counter];
   if (__builtin_expect(t_slot.shared, 0))
     c.fetch_add(n, std::memory_order_relaxed);
   else
     c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 }
+inline void add(JobMap* m, int counter, uint64_t n = 1) {
+  add(slot(m), counter, n);
+}
 
 // A read answered from a local copy: two counters, no lock.
 inline void count_local(FdEntry* e, ssize_t r) {
   if (r < 0) return;
-  add(e->map, c_tier_reads + e->tier, 1);
-  add(e->map, c_tier_bytes + e->tier, uint64_t(r));
+  ProcSlot& s = slot(e->map);
+  add(s, c_tier_reads + e->tier, 1);
+  add(s, c_tier_bytes + e->tier, uint64_t(r));
 }
 
 // How a read was answered, for the counters.

@@ -106,9 +106,22 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     using namespace monarch;                                                                 \
     return serve<ret>(monarch::real::name != nullptr, fn, [&]() -> ret { return handler; }); \
   }
+// The served call of a descriptor wrapper, out of line: the fast paths
+// below make the real call without its frame (the reentrancy guard, the
+// callable that makes the real call, the arguments kept in memory for it).
+#define MONARCH_SERVED(ret, name, params, args, handler)           \
+  namespace {                                                      \
+  __attribute__((noinline)) ret name##_served params {             \
+    auto fn = [&]() -> ret { return monarch::real::name args; };   \
+    Pass<ret> pass(fn);                                            \
+    using namespace monarch;                                       \
+    return serve<ret>(true, fn, [&]() -> ret { return handler; }); \
+  }                                                                \
+  }
 // The inline read path: descriptors Monarch did not open, and local copies
 // of files nobody changed (63 of 64 reads; the 64th is timed by the handler).
 #define MONARCH_READ(ret, name, params, args, handler)                     \
+  MONARCH_SERVED(ret, name, params, args, handler)                         \
   extern "C" MONARCH_EXPORT ret name params {                              \
     if (__builtin_expect(!monarch::real::name, 0)) {                       \
       monarch::real::resolve();                                            \
@@ -121,22 +134,11 @@ R serve(bool have_real, Fn& fn, Handler handler) {
       monarch::count_local(e, r);                                          \
       return r;                                                            \
     }                                                                      \
-    auto fn = [&]() -> ret { return monarch::real::name args; };           \
-    Pass<ret> pass(fn);                                                    \
-    using namespace monarch;                                               \
-    return serve<ret>(true, fn, [&]() -> ret { return handler; });         \
+    return name##_served args;                                             \
   }
-// Descriptors Monarch did not open: the real call, as the handler would make
-// it, without the served call's frame (`name##_served`).
+// Descriptors Monarch did not open: the real call, as the handler would make it.
 #define MONARCH_ON_FD(ret, name, params, args, handler)                          \
-  namespace {                                                                    \
-  __attribute__((noinline)) ret name##_served params {                           \
-    auto fn = [&]() -> ret { return monarch::real::name args; };                 \
-    Pass<ret> pass(fn);                                                          \
-    using namespace monarch;                                                     \
-    return serve<ret>(true, fn, [&]() -> ret { return handler; });               \
-  }                                                                              \
-  }                                                                              \
+  MONARCH_SERVED(ret, name, params, args, handler)                               \
   extern "C" MONARCH_EXPORT ret name params {                                    \
     if (__builtin_expect(!monarch::real::name, 0)) {                             \
       monarch::real::resolve();                                                  \
@@ -150,3 +152,4 @@ R serve(bool have_real, Fn& fn, Handler handler) {
 #undef MONARCH_VARIADIC
 #undef MONARCH_READ
 #undef MONARCH_ON_FD
+#undef MONARCH_SERVED
