@@ -118,15 +118,18 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     return serve<ret>(true, fn, [&]() -> ret { return handler; }); \
   }                                                                \
   }
+// The real function resolved, or the call fails with ENOSYS.
+#define MONARCH_REAL_OR_ENOSYS(name)                     \
+  if (__builtin_expect(!monarch::real::name, 0)) {       \
+    monarch::real::resolve();                            \
+    if (!monarch::real::name) return errno = ENOSYS, -1; \
+  }
 // The inline read path: descriptors Monarch did not open, and local copies
 // of files nobody changed (63 of 64 reads; the 64th is timed by the handler).
 #define MONARCH_READ(ret, name, params, args, handler)                     \
   MONARCH_SERVED(ret, name, params, args, handler)                         \
   extern "C" MONARCH_EXPORT ret name params {                              \
-    if (__builtin_expect(!monarch::real::name, 0)) {                       \
-      monarch::real::resolve();                                            \
-      if (!monarch::real::name) return errno = ENOSYS, -1;                 \
-    }                                                                      \
+    MONARCH_REAL_OR_ENOSYS(name)                                           \
     monarch::FdEntry* e = monarch::tracked(fd);                            \
     if (!e) return monarch::real::name args;                               \
     if (monarch::native_read(e) && (monarch::t_slot.sample++ & 63) != 0) { \
@@ -140,10 +143,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
 #define MONARCH_ON_FD(ret, name, params, args, handler)                          \
   MONARCH_SERVED(ret, name, params, args, handler)                               \
   extern "C" MONARCH_EXPORT ret name params {                                    \
-    if (__builtin_expect(!monarch::real::name, 0)) {                             \
-      monarch::real::resolve();                                                  \
-      if (!monarch::real::name) return errno = ENOSYS, -1;                       \
-    }                                                                            \
+    MONARCH_REAL_OR_ENOSYS(name)                                                 \
     return monarch::tracked(fd) ? name##_served args : monarch::real::name args; \
   }
 #include "wrappers.def"
@@ -153,3 +153,4 @@ R serve(bool have_real, Fn& fn, Handler handler) {
 #undef MONARCH_READ
 #undef MONARCH_ON_FD
 #undef MONARCH_SERVED
+#undef MONARCH_REAL_OR_ENOSYS
