@@ -203,8 +203,8 @@ JobMap* load_map() {
         // Maps are never unmapped: descriptors opened under an older one still use it.
         size_t n = std::strlen(m->real_root());
         std::memcpy(P.real_root, m->real_root(), n + 1);
-        P.real_len = n;
         P.real_differs = std::strcmp(P.real_root, P.root) != 0;
+        P.real_len = n;  // last: a reader that sees it sees the two above
         P.index_ino = st.st_ino;
         P.map = m;
         result = m;

@@ -92,15 +92,16 @@ inline bool has_prefix(const char* path, const char* root, size_t len) {
 }
 
 // True when `path` (relative to dirfd) cannot name a dataset file: what the
-// open wrappers test before anything else, so that other opens cost one
-// prefix comparison. False does not mean it is one. Inline: it is most of
-// what an open outside the dataset costs.
+// open wrappers test before anything else, so that other opens cost a prefix
+// comparison (two where the real root differs from the root as given). False
+// does not mean it is one. Inline: it is most of what an open outside the
+// dataset costs.
 inline bool outside(int dirfd, const char* path) {
   if (!P.enabled || !path || !*path) return true;
   if (path[0] != '/')  // relative to a directory descriptor: not served
     return dirfd != AT_FDCWD ||
            (!P.cwd_related.load(std::memory_order_relaxed) && !std::strstr(path, ".."));
-  size_t rl = P.real_len.load(std::memory_order_relaxed);
+  size_t rl = P.real_len.load(std::memory_order_acquire);  // real_root and real_differs with it
   if (rl && (path[1] == 'p' || path[1] == 'd') && magic_fd(path) >= 0) return false;  // a copy?
   return !has_prefix(path, P.root, P.root_len) &&
          !(P.real_differs.load(std::memory_order_relaxed) && has_prefix(path, P.real_root, rl));

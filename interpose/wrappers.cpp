@@ -59,8 +59,9 @@ R serve(bool have_real, Fn& fn, Handler handler) {
 // which finds a dataset file by its identity (another name, a link).
 #define MONARCH_WRITES(flags) (((flags)&O_ACCMODE) != O_RDONLY || ((flags)&O_TRUNC))
 
-// The wrapper tests a path outside the dataset before anything else, and only
-// a path that may be inside takes the served call's frame (`name##_served`).
+// An open for reading of a path outside the dataset is the real call; the
+// others (a path that may be inside, an open that may write, a real function
+// missing) take the served call's frame, out of line (`name##_served`).
 #define MONARCH_OPEN(name, params, args, dirfd)                                          \
   namespace {                                                                            \
   __attribute__((noinline)) int name##_served(MONARCH_UNPAREN params, mode_t mode) {     \
