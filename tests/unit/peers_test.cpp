@@ -91,6 +91,12 @@ struct Peer {
     return peer;
   }
   void signal(int sig) const { kill(pid, sig); }
+  // SIGSTOP, returning once the kernel has stopped every thread of the peer
+  // (kill() returns before: a request sent at once could still be answered).
+  bool pause() const {
+    int status = 0;
+    return kill(pid, SIGSTOP) == 0 && waitpid(pid, &status, WUNTRACED) == pid && WIFSTOPPED(status);
+  }
   void stop() {
     if (pid <= 0) return;
     kill(pid, SIGKILL);
@@ -353,7 +359,7 @@ TEST_F(PeersTest, StoppedPeerTimesOutThenServesAgain) {
   ASSERT_NE(peer.port, 0);
   std::vector<char> reply;
   ASSERT_TRUE(call(peer.port, "ewarm", reply).ok());
-  peer.signal(SIGSTOP);
+  ASSERT_TRUE(peer.pause());
   auto t0 = Clock::now();
   Status status = call(peer.port, "estopped", reply, 300);
   long took = ms_since(t0);
