@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -139,21 +140,39 @@ class Attrs {
   std::vector<Attr> table_;
 };
 
-// Paces the walk's metadata calls (stat, opendir) to `rate` per second, over
-// all threads: a token bucket that lends at most 100 ms of calls ahead.
-// Its waits end early when the walk is stopped.
+// Paces the walk's metadata calls (stat, opendir), over all threads: at most
+// `rate` a second (0: unpaced), after a slow start. The walk begins with the
+// job, whose own start (its interpreter, its imports, its first files) wants
+// the same metadata server and, on a small node, the same cores: at first the
+// walk makes kRampStartRate calls a second, twice as many every kRampDoubling,
+// until it reaches `rate` (unpaced: after kRampDoublings). On 1.28 M files
+// (contrib/bench/run --only scale, 2 cores) this took the job's first read,
+// programs cached, from +17..+48 ms to +5 ms of the direct run's; the index
+// of a 2,024-file dataset takes 0.07 s instead of 0.04 s.
 class Pace {
  public:
   Pace(uint64_t rate, const std::atomic<bool>* stop)
-      : rate_(rate), start_ns_(monotonic_ns()), stop_(stop) {}
+      : rate_(double(rate)), start_ns_(monotonic_ns()), stop_(stop) {
+    double top = rate ? rate_ : kRampStartRate * (1 << kRampDoublings);
+    if (top > kRampStartRate) {
+      ramp_s_ = kRampDoubling * std::log2(top / kRampStartRate);
+      ramp_calls_ = kRampStartRate * kRampDoubling / std::log(2.0) * (top / kRampStartRate - 1);
+    }
+  }
+  // Waits until the walk may make its next call (at most 50 ms at a time,
+  // and not once the walk is stopped).
   void one() {
-    uint64_t n = calls_.fetch_add(1, std::memory_order_relaxed);
-    if (!rate_) return;
-    uint64_t due = start_ns_ + n * 1'000'000'000 / rate_;
-    for (uint64_t now = monotonic_ns(); due > now + 100'000'000 && !stopped();
-         now = monotonic_ns()) {
-      uint64_t nap = std::min<uint64_t>(due - now, 50'000'000);
-      timespec ts{0, long(nap)};
+    double n = double(calls_.fetch_add(1, std::memory_order_relaxed));
+    double due_s;  // from the start
+    if (n < ramp_calls_)
+      due_s = kRampDoubling * std::log2(1 + n * std::log(2.0) / (kRampStartRate * kRampDoubling));
+    else if (rate_ > 0)
+      due_s = ramp_s_ + (n - ramp_calls_) / rate_;
+    else
+      return;
+    uint64_t due = start_ns_ + uint64_t(due_s * 1e9);
+    for (uint64_t now = monotonic_ns(); due > now + kSlackNs && !stopped(); now = monotonic_ns()) {
+      timespec ts{0, long(std::min<uint64_t>(due - now, 50'000'000))};
       nanosleep(&ts, nullptr);
     }
   }
@@ -161,8 +180,14 @@ class Pace {
   uint64_t calls() const { return calls_.load(); }
 
  private:
-  uint64_t rate_, start_ns_;
+  static constexpr double kRampStartRate = 2000;   // calls a second
+  static constexpr double kRampDoubling = 0.010;   // seconds
+  static constexpr int kRampDoublings = 10;        // then unpaced: 2 M calls a second
+  static constexpr uint64_t kSlackNs = 1'000'000;  // a call this early does not wait
+  double rate_;
+  uint64_t start_ns_;
   const std::atomic<bool>* stop_;
+  double ramp_s_ = 0, ramp_calls_ = 0;  // the slow start's length and its calls
   std::atomic<uint64_t> calls_{0};
 };
 

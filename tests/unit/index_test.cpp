@@ -380,6 +380,40 @@ TEST(Index, AStoppedWalkHoldsOnlyExactEntries) {
   close(root_fd);
 }
 
+// The walk starts slowly (index.cpp, Pace): stopped 30 ms after it began,
+// an unpaced walk of local files, which makes thousands of calls in that time
+// at full speed, has made at most the slow start's ~200 calls and those its
+// threads had taken (the bound allows 50 ms of the start).
+TEST(Index, TheWalkStartsSlowly) {
+  TempDir d;
+  fs::path root = d.path / "ds";
+  fs::create_directories(root);
+  int root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  for (int i = 0; i < 20000; ++i)
+    make_below(root_fd, "c" + std::to_string(i % 20) + "/" + std::to_string(i), 1);
+  close(root_fd);
+  std::atomic<bool> stop{false};
+  IndexOptions o{.root = root.string(), .out_path = (d.path / "index").string(), .stop = &stop};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    stop = true;
+  });
+  IndexStats stats;
+  MappedMap mm = build_index(o, stats, [](JobMap&) {});
+  stopper.join();
+  EXPECT_TRUE(stats.stopped);
+  EXPECT_LT(stats.metadata_calls, 900u);
+  std::printf("walk stopped after 30 ms: %llu metadata calls\n",
+              (unsigned long long)stats.metadata_calls);
+  // Unstopped, the same walk finds every file.
+  IndexStats all;
+  MappedMap whole =
+      build_index(IndexOptions{.root = root.string(), .out_path = (d.path / "index").string()}, all,
+                  [](JobMap&) {});
+  EXPECT_EQ(all.files, 20000u);
+  EXPECT_FALSE(all.stopped);
+}
+
 // More kinds of attributes than the table holds (kNoAttr entries), on two
 // devices: every entry is still exact and found by its path and identity.
 // (The device barely moves a bucket of the identity table, so this cannot see
