@@ -20,7 +20,9 @@
 //   file the peer cannot serve is read from the PFS. Bytes come only from a
 //   peer that knows the job's secret key.
 //
-// Only the stager links this (UCX; see peers.h).
+// Only the stager loads this, from its own module (libmonarch_jobwide.so,
+// which links UCX and libcrypto), and only for a multi-node job:
+// jobwide_load.h. A single-node stager starts without those libraries.
 #pragma once
 
 #include <atomic>
@@ -60,25 +62,27 @@ class JobWide : public PeerSource {
                                         std::atomic<uint64_t>* stager_counters, std::string& error);
   ~JobWide() override;
 
+  // What the stager calls is inline or virtual: it calls the module's code
+  // through the object the module made, and links none of it.
   bool walks() const { return opt_.self == 0; }
   // The index from the walking node, in wire form, waiting at most wait_ms;
   // nullopt and why when it did not come. final: asking again is pointless
   // (the node refused or has none); otherwise the time was too short.
-  std::optional<std::string> fetch_index(uint64_t wait_ms, std::string& why, bool& final,
-                                         const std::atomic<bool>* stop = nullptr);
+  virtual std::optional<std::string> fetch_index(uint64_t wait_ms, std::string& why, bool& final,
+                                                 const std::atomic<bool>* stop = nullptr);
   // The map is published here: serving starts (the index, when this node
   // walked it; files). Before that, requests wait.
-  void serving(JobMap& map, Copier& copier, std::vector<int> tier_fds);
+  virtual void serving(JobMap& map, Copier& copier, std::vector<int> tier_fds);
   // Before the map, its copier or the tier descriptors go away: serving
   // stops, and read() fails at once from then on (the copier's threads may
   // still call it until it stops). The transport goes with the object.
-  void stop();
+  virtual void stop();
 
   // A reader of this node wants [off, off + len) of `file`, for which this
   // node has no room (Request::kPeerRead): the bytes are fetched from the
   // file's home and written to `fd` (taken), after their count; -1 when they
   // cannot be (the reader then reads the PFS). Never blocks the caller.
-  void pass_on(uint32_t file, uint64_t off, uint64_t len, int fd);
+  virtual void pass_on(uint32_t file, uint64_t off, uint64_t len, int fd);
 
   int home(uint32_t file) override;
   Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, bool replica,
@@ -133,5 +137,9 @@ class JobWide : public PeerSource {
   std::string wire_;  // the index, when this node walked it
   std::vector<std::thread> workers_;
 };
+
+// The module's one entry: JobWide::start, with no exception leaving it.
+extern "C" __attribute__((visibility("default"))) JobWide* monarch_jobwide_start(
+    JobWideOptions* options, std::atomic<uint64_t>* stager_counters, std::string* error) noexcept;
 
 }  // namespace monarch

@@ -27,6 +27,7 @@ extern "C" {
 #include "config.h"
 #include "fd.h"
 #include "jobmap.h"
+#include "programs.h"
 #include "protocol.h"
 #include "remove_tree.h"
 #include "report.h"
@@ -52,23 +53,6 @@ struct Options {
 [[noreturn]] void fail(const std::string& message) {
   std::cerr << "monarch-run: " << message << "\n";
   std::exit(2);
-}
-
-std::string exe_dir() {
-  char buf[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  buf[n] = 0;
-  std::string s = buf;
-  return s.substr(0, s.rfind('/'));
-}
-
-// The first of `candidates` that exists: the build tree first, then the install.
-std::string find_file(std::initializer_list<std::string> candidates) {
-  char real[PATH_MAX];
-  for (const std::string& c : candidates)
-    if (access(c.c_str(), F_OK) == 0) return realpath(c.c_str(), real) ? real : c;
-  return *candidates.begin();
 }
 
 // The run's directory on a tier, held by a descriptor from the moment the

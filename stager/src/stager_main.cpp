@@ -35,7 +35,7 @@
 #include "hostlist.h"
 #include "index.h"
 #include "index_wire.h"
-#include "jobwide.h"
+#include "jobwide_load.h"
 #include "protocol.h"
 #include "remove_tree.h"
 #include "stats.h"
@@ -329,7 +329,7 @@ struct Stager {
                        .timeout_ms = config.peer_timeout_ms,
                        .index_wait_ms = std::max(1u, config.start_timeout_s) * 1000,
                        .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000};
-      jobwide = JobWide::start(std::move(o), counters, why);
+      jobwide = load_jobwide(std::move(o), counters, why);
     }
     if (!jobwide) {
       spdlog::warn("caching on this node alone: {}", why);

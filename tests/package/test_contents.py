@@ -21,6 +21,7 @@ MAN = "/usr/share/man/"
 FILES = {
     NODE: ["/etc/monarch/monarch.conf", "/usr/bin/monarch-report", "/usr/bin/monarch-run",
            "/usr/bin/monarch-stager", "/usr/lib/monarch/libmonarch_interpose.so",
+           "/usr/lib/monarch/libmonarch_jobwide.so",
            "/usr/libexec/monarch/monarch-purge",
            "/usr/share/doc/monarch/changelog.Debian.gz", "/usr/share/doc/monarch/copyright",
            MAN + "man1/monarch-report.1.gz", MAN + "man1/monarch-run.1.gz",
@@ -113,6 +114,18 @@ class Deb(unittest.TestCase):
                 installed = f.read()
             with open(os.path.join(SRC, source), "rb") as f:
                 self.assertEqual(installed, f.read(), page)
+
+    def test_the_stager_needs_ucx_only_in_its_module(self):
+        """A single-node stager starts without UCX and libcrypto: only the
+        module a multi-node job loads (jobwide_load.h) needs them."""
+        def needed(rel):
+            out = run(["readelf", "-d", os.path.join(self.root, rel)], check=True).stdout
+            return re.findall(r"\(NEEDED\)\s+Shared library: \[(\S+)\]", out)
+        stager, module = needed("usr/bin/monarch-stager"), needed(
+            "usr/lib/monarch/libmonarch_jobwide.so")
+        for lib in ("libucp", "libucs", "libcrypto"):
+            self.assertFalse([n for n in stager if n.startswith(lib)], stager)
+            self.assertTrue([n for n in module if n.startswith(lib)], module)
 
     def test_lintian_finds_no_error(self):
         p = run(["lintian", "--tag-display-limit", "0", *self.debs.values()])
