@@ -138,8 +138,21 @@ class JobWide : public PeerSource {
   std::vector<std::thread> workers_;
 };
 
-// The module's one entry: JobWide::start, with no exception leaving it.
+// What the stager and the module must agree on before the module's code runs
+// on the stager's objects (its Copier, its map, its counters): the release
+// and the sizes of the types they share. A module from another build (a node
+// upgraded while a stager starts, a stager copied out of its build tree) is
+// refused, and the node caches on its own.
+inline std::string jobwide_abi() {
+  return std::string(MONARCH_VERSION) + " " + std::to_string(sizeof(JobWide)) + " " +
+         std::to_string(sizeof(JobWideOptions)) + " " + std::to_string(sizeof(Copier)) + " " +
+         std::to_string(sizeof(CopierOptions)) + " " + std::to_string(sizeof(JobMap));
+}
+
+// The module's one entry: JobWide::start when `abi` is the module's own
+// jobwide_abi(), with no exception leaving it.
 extern "C" __attribute__((visibility("default"))) JobWide* monarch_jobwide_start(
-    JobWideOptions* options, std::atomic<uint64_t>* stager_counters, std::string* error) noexcept;
+    const char* abi, JobWideOptions* options, std::atomic<uint64_t>* stager_counters,
+    std::string* error) noexcept;
 
 }  // namespace monarch

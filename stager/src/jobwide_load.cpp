@@ -13,8 +13,8 @@ namespace monarch {
 
 std::unique_ptr<JobWide> load_jobwide(JobWideOptions options,
                                       std::atomic<uint64_t>* stager_counters, std::string& error) {
-  std::string path = exe_dir() + "/libmonarch_jobwide.so";
-  if (access(path.c_str(), F_OK) != 0) path = MONARCH_JOBWIDE_PATH;
+  std::string dir = exe_dir(), path = dir + "/libmonarch_jobwide.so";
+  if (dir.empty() || access(path.c_str(), F_OK) != 0) path = MONARCH_JOBWIDE_PATH;
   void* module = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   void* entry = module ? dlsym(module, "monarch_jobwide_start") : nullptr;
   if (!entry) {
@@ -24,7 +24,7 @@ std::unique_ptr<JobWide> load_jobwide(JobWideOptions options,
     return nullptr;
   }
   auto start = reinterpret_cast<decltype(&monarch_jobwide_start)>(entry);
-  return std::unique_ptr<JobWide>(start(&options, stager_counters, &error));
+  return std::unique_ptr<JobWide>(start(jobwide_abi().c_str(), &options, stager_counters, &error));
 }
 
 }  // namespace monarch

@@ -5,10 +5,16 @@
 
 namespace monarch {
 
-extern "C" JobWide* monarch_jobwide_start(JobWideOptions* options,
+extern "C" JobWide* monarch_jobwide_start(const char* abi, JobWideOptions* options,
                                           std::atomic<uint64_t>* stager_counters,
                                           std::string* error) noexcept {
   try {
+    std::string own = jobwide_abi();
+    if (own != abi) {
+      *error = "the job-wide cache's module is from another build of Monarch (" + own +
+               ", the stager " + abi + "): reinstall the monarch package";
+      return nullptr;
+    }
     return JobWide::start(std::move(*options), stager_counters, *error).release();
   } catch (const std::exception& e) {
     try {
@@ -16,6 +22,10 @@ extern "C" JobWide* monarch_jobwide_start(JobWideOptions* options,
     } catch (...) {
     }
   } catch (...) {
+    try {
+      *error = "the job-wide cache did not start";
+    } catch (...) {
+    }
   }
   return nullptr;
 }

@@ -9,7 +9,7 @@ namespace monarch {
 std::string exe_dir() {
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
+  if (n <= 0) return "";
   buf[n] = 0;
   std::string s = buf;
   return s.substr(0, s.rfind('/'));

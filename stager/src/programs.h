@@ -7,7 +7,8 @@
 
 namespace monarch {
 
-// The running program's directory ("." when /proc cannot say).
+// The running program's directory; empty when /proc cannot say (never a
+// relative path: the working directory may be anybody's).
 std::string exe_dir();
 // The first of `candidates` that exists, its symbolic links resolved; the
 // first candidate when none does.

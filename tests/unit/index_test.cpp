@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -382,8 +383,9 @@ TEST(Index, AStoppedWalkHoldsOnlyExactEntries) {
 
 // The walk starts slowly (index.cpp, Pace): stopped 30 ms after it began,
 // an unpaced walk of local files, which makes thousands of calls in that time
-// at full speed, has made at most the slow start's ~200 calls and those its
-// threads had taken (the bound allows 50 ms of the start).
+// at full speed, has made at most the slow start's calls until the stop
+// (2,000 a second doubling every 10 ms: ~200 in 30 ms), with 10 ms of
+// catching up and the turns its 16 threads had taken.
 TEST(Index, TheWalkStartsSlowly) {
   TempDir d;
   fs::path root = d.path / "ds";
@@ -394,17 +396,22 @@ TEST(Index, TheWalkStartsSlowly) {
   close(root_fd);
   std::atomic<bool> stop{false};
   IndexOptions o{.root = root.string(), .out_path = (d.path / "index").string(), .stop = &stop};
+  auto start = std::chrono::steady_clock::now();
+  double stopped_after = 0;  // seconds
   std::thread stopper([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     stop = true;
+    stopped_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   });
   IndexStats stats;
   MappedMap mm = build_index(o, stats, [](JobMap&) {});
   stopper.join();
   EXPECT_TRUE(stats.stopped);
-  EXPECT_LT(stats.metadata_calls, 900u);
-  std::printf("walk stopped after 30 ms: %llu metadata calls\n",
-              (unsigned long long)stats.metadata_calls);
+  double t = stopped_after + 0.010;
+  double bound = 2000 * 0.010 / std::log(2.0) * (std::exp2(t / 0.010) - 1) + 16 + 50;
+  EXPECT_LT(double(stats.metadata_calls), bound) << "stopped after " << stopped_after << " s";
+  std::printf("walk stopped after %.1f ms: %llu metadata calls (at most %.0f)\n",
+              stopped_after * 1000, (unsigned long long)stats.metadata_calls, bound);
   // Unstopped, the same walk finds every file.
   IndexStats all;
   MappedMap whole =
@@ -412,6 +419,28 @@ TEST(Index, TheWalkStartsSlowly) {
                   [](JobMap&) {});
   EXPECT_EQ(all.files, 20000u);
   EXPECT_FALSE(all.stopped);
+}
+
+// A paced walk keeps to its index_rate over the whole walk (its turns are
+// one gap apart; one that fell behind catches up by 10 ms at most).
+TEST(Index, APacedWalkKeepsItsRate) {
+  TempDir d;
+  fs::path root = d.path / "ds";
+  fs::create_directories(root);
+  int root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  for (int i = 0; i < 3000; ++i)
+    make_below(root_fd, "c" + std::to_string(i % 10) + "/" + std::to_string(i), 1);
+  close(root_fd);
+  IndexStats stats;
+  MappedMap mm = build_index(
+      IndexOptions{
+          .root = root.string(), .out_path = (d.path / "index").string(), .index_rate = 10000},
+      stats, [](JobMap&) {});
+  EXPECT_EQ(stats.files, 3000u);
+  double rate = double(stats.metadata_calls) / stats.seconds;
+  EXPECT_LE(rate, 10000 * 1.02) << stats.metadata_calls << " calls in " << stats.seconds << " s";
+  std::printf("paced walk: %llu calls in %.3f s, %.0f a second\n",
+              (unsigned long long)stats.metadata_calls, stats.seconds, rate);
 }
 
 // More kinds of attributes than the table holds (kNoAttr entries), on two
