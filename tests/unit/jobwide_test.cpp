@@ -5,6 +5,7 @@
 // from the same dataset. What a node does when another node's stager goes
 // away and comes back (jobwide.h, Faults).
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <ifaddrs.h>
@@ -257,6 +258,34 @@ TEST_F(JobWideTest, AReplicaWaitsWhileTheHomeIsAway) {
   EXPECT_TRUE(a->jw->resting(1)) << "asked again at once";
   EXPECT_EQ(settled(true), Got::kNotYet);
   EXPECT_EQ(a->counters[s_peers_failed].load(), 0u);
+}
+
+// The module the stager loads for a multi-node job (jobwide_load.h), itself:
+// its entry refuses another build's ABI with an error that says so, and
+// starts the cache for its own.
+TEST(JobWideModule, RefusesAnotherBuildAndStartsForItsOwn) {
+  void* module = dlopen(MONARCH_JOBWIDE_MODULE, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_TRUE(module) << dlerror();
+  auto start =
+      reinterpret_cast<decltype(&monarch_jobwide_start)>(dlsym(module, "monarch_jobwide_start"));
+  ASSERT_TRUE(start) << dlerror();
+  auto options = [] {
+    return JobWideOptions{.nodes = {"127.0.0.1"},
+                          .port = free_port(),
+                          .address = "127.0.0.1",
+                          .key = "job-78-secret-key"};
+  };
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  std::string error;
+  JobWideOptions o = options();
+  EXPECT_EQ(start("0.0.1 1 2 3 4 5", &o, counters, &error), nullptr);
+  EXPECT_NE(error.find("from another build of Monarch"), std::string::npos) << error;
+  error.clear();
+  o = options();
+  std::unique_ptr<JobWide> jw(start(jobwide_abi().c_str(), &o, counters, &error));
+  ASSERT_TRUE(jw) << error;
+  EXPECT_TRUE(jw->walks());
+  jw->stop();
 }
 
 }  // namespace
