@@ -158,17 +158,17 @@ def scale_text(x):
              f"first read, launch to bytes (medians of {len(x['first']['direct'])}), caches "
              f"dropped: direct {x['first_direct'] * 1000:.1f} ms, Monarch "
              f"{x['first_Monarch'] * 1000:.1f} ms "
-             f"(+{(x['first_Monarch'] - x['first_direct']) * 1000:.1f} ms)"]
+             f"({(x['first_Monarch'] - x['first_direct']) * 1000:+.1f} ms)"]
     if "first_warm_direct" in x:
         lines.append(f"first read, programs in the page cache: direct "
                      f"{x['first_warm_direct'] * 1000:.1f} ms, Monarch "
                      f"{x['first_warm_Monarch'] * 1000:.1f} ms "
-                     f"(+{(x['first_warm_Monarch'] - x['first_warm_direct']) * 1000:.1f} ms)")
+                     f"({(x['first_warm_Monarch'] - x['first_warm_direct']) * 1000:+.1f} ms)")
     for key, how in (("first", "caches dropped"), ("first_warm", "programs cached")):
         if f"{key}_Monarch paced" in x:
             m, d = x[f"{key}_Monarch paced"], x[f"{key}_direct"]
             lines.append(f"first read, {how}, the walk paced (index_rate {x['index_rate']}):"
-                         f" Monarch {m * 1000:.1f} ms (+{(m - d) * 1000:.1f} ms)")
+                         f" Monarch {m * 1000:.1f} ms ({(m - d) * 1000:+.1f} ms)")
     for name in ("unpaced", "paced"):
         r = x.get(name)
         if not r:
