@@ -381,6 +381,17 @@ TEST(Index, AStoppedWalkHoldsOnlyExactEntries) {
   close(root_fd);
 }
 
+// `files` files of one byte in `dirs` folders of d/ds; returns d/ds.
+fs::path one_byte_files(const fs::path& d, int files, int dirs) {
+  fs::path root = d / "ds";
+  fs::create_directories(root);
+  int root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  for (int i = 0; i < files; ++i)
+    make_below(root_fd, "c" + std::to_string(i % dirs) + "/" + std::to_string(i), 1);
+  close(root_fd);
+  return root;
+}
+
 // The walk starts slowly (index.cpp, Pace): stopped 30 ms after it began,
 // an unpaced walk of local files, which makes thousands of calls in that time
 // at full speed, has made at most the slow start's calls until the stop
@@ -388,12 +399,7 @@ TEST(Index, AStoppedWalkHoldsOnlyExactEntries) {
 // catching up and the turns its 16 threads had taken.
 TEST(Index, TheWalkStartsSlowly) {
   TempDir d;
-  fs::path root = d.path / "ds";
-  fs::create_directories(root);
-  int root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  for (int i = 0; i < 20000; ++i)
-    make_below(root_fd, "c" + std::to_string(i % 20) + "/" + std::to_string(i), 1);
-  close(root_fd);
+  fs::path root = one_byte_files(d.path, 20000, 20);
   std::atomic<bool> stop{false};
   IndexOptions o{.root = root.string(), .out_path = (d.path / "index").string(), .stop = &stop};
   auto start = std::chrono::steady_clock::now();
@@ -425,12 +431,7 @@ TEST(Index, TheWalkStartsSlowly) {
 // one gap apart; one that fell behind catches up by 10 ms at most).
 TEST(Index, APacedWalkKeepsItsRate) {
   TempDir d;
-  fs::path root = d.path / "ds";
-  fs::create_directories(root);
-  int root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  for (int i = 0; i < 3000; ++i)
-    make_below(root_fd, "c" + std::to_string(i % 10) + "/" + std::to_string(i), 1);
-  close(root_fd);
+  fs::path root = one_byte_files(d.path, 3000, 10);
   IndexStats stats;
   MappedMap mm = build_index(
       IndexOptions{
