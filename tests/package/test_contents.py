@@ -126,6 +126,10 @@ class Deb(unittest.TestCase):
         for lib in ("libucp", "libucs", "libcrypto"):
             self.assertFalse([n for n in stager if n.startswith(lib)], stager)
             self.assertTrue([n for n in module if n.startswith(lib)], module)
+        # ... and the package still depends on them (dpkg-shlibdeps reads the module).
+        depends = field(self.debs[NODE], "Depends")
+        for package in ("libucx0", "libssl3"):
+            self.assertIn(package, depends)
 
     def test_lintian_finds_no_error(self):
         p = run(["lintian", "--tag-display-limit", "0", *self.debs.values()])
