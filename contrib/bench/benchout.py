@@ -117,6 +117,9 @@ def scenario_table(sc):
         if s.get("cpu_job"):
             notes.append(f"CPU s in epoch 1: job {s['cpu_job'][0] + s['cpu_job'][1]:.1f}, "
                          f"PFS {s['cpu_pfs'][0] + s['cpu_pfs'][1]:.1f}")
+        link = s["epochs"][0]["pfs"].get("link_ns")
+        if link and pfs and pfs.get("bandwidth_mbs"):  # idle link: epoch 1 short of the bandwidth
+            notes.append(f"PFS link busy {link / 1e9 / e[0]:.0%} of epoch 1")
         if s.get("copies_off"):
             notes.append("copies off (the file system is as fast as the tier)")
         loc = local_of(sc, name)

@@ -20,9 +20,10 @@
 //    it is opened again); read_ahead_kb of the mount is raised to 1024 once it is up.
 //  * Counters: opens (OPEN of regular files), reads (READ requests, EOF ones included), bytes
 //    (bytes returned), getattrs, lookups (failed ones included), readdirs (READDIR requests; a
-//    small directory listing takes 2). Any path walk, including one to read the counts, may add
+//    small directory listing takes 2), link_ns (the time the shared link carried bytes: its
+//    busy time). Any path walk, including one to read the counts, may add
 //    a GETATTR of a directory whose attributes are older than 1 s. The one-line JSON
-//      {"opens":N,"reads":N,"bytes":N,"getattrs":N,"lookups":N,"readdirs":N}
+//      {"opens":N,"reads":N,"bytes":N,"getattrs":N,"lookups":N,"readdirs":N,"link_ns":N}
 //    is (1) written to --counts FILE (tmp + rename) at start, on SIGUSR1 and after unmount, and
 //    (2) the content of MOUNT/.pfsemu-counts, a virtual file that is not listed, not counted
 //    and recomputed by every read at offset 0.
@@ -85,6 +86,7 @@ struct Options {
 
 struct Counters {
   std::atomic<uint64_t> opens{0}, reads{0}, bytes{0}, getattrs{0}, lookups{0}, readdirs{0};
+  std::atomic<uint64_t> link_ns{0};  // time the shared link was reserved: busy with bytes
 };
 
 // A source object the kernel holds a reference to; fuse_ino_t is its address (root: 1).
@@ -171,12 +173,13 @@ class NodeFd {
 
 std::string CountsJson() {
   const Counters& c = g_counts;
-  char buf[256];
+  char buf[320];
   snprintf(buf, sizeof buf,
            "{\"opens\":%" PRIu64 ",\"reads\":%" PRIu64 ",\"bytes\":%" PRIu64
-           ",\"getattrs\":%" PRIu64 ",\"lookups\":%" PRIu64 ",\"readdirs\":%" PRIu64 "}\n",
+           ",\"getattrs\":%" PRIu64 ",\"lookups\":%" PRIu64 ",\"readdirs\":%" PRIu64
+           ",\"link_ns\":%" PRIu64 "}\n",
            c.opens.load(), c.reads.load(), c.bytes.load(), c.getattrs.load(), c.lookups.load(),
-           c.readdirs.load());
+           c.readdirs.load(), c.link_ns.load());
   return buf;
 }
 
@@ -220,6 +223,7 @@ void ChargeRead(int64_t start_ns, uint64_t n) {
     do {
       done = std::max(prev, start_ns + static_cast<int64_t>(g_opt.latency_us) * 1000) + cost;
     } while (!g_link_free_ns.compare_exchange_weak(prev, done));
+    g_counts.link_ns += static_cast<uint64_t>(cost);
   }
   if (done > start_ns) SleepUntilNs(done);
 }

@@ -40,7 +40,7 @@ inline constexpr uint64_t kMinAheadWindow = 4 << 20;
 
 struct Config {
   std::vector<TierConfig> tiers;  // fastest first
-  unsigned copy_threads = 4;
+  unsigned copy_threads = 8;
   std::string log_level = "info";
   std::string report_dir;  // empty: the job's working directory
   Consistency consistency = Consistency::kJob;
@@ -49,7 +49,7 @@ struct Config {
   // How far stage-ahead may copy ahead of the files readers have touched:
   // bytes, or a share of the dataset (window_percent), resolved once indexed.
   uint64_t stage_ahead_window = 0;
-  double stage_ahead_window_percent = 5;
+  double stage_ahead_window_percent = 4;
   bool copy_fast_dataset = false;  // copy a dataset that reads as fast as a tier
   // A reader waits at most this long for a copy without progress.
   unsigned stall_timeout_ms = 200;

@@ -11,10 +11,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <unordered_set>
+
+#include "ahead.h"
 
 namespace monarch {
 namespace {
@@ -136,6 +139,7 @@ void Copier::place(uint32_t file) {
   uint32_t s = map_.entry(file).state.load();
   if (state_of(s) == kNone && set_state(file, s, make_state(kQueued, 0, coarse_now()))) {
     std::lock_guard lock(mu_);
+    asked_bytes_ += map_.entry(file).size;
     queue(Job{.file = file, .urgent = true});
     return;
   }
@@ -179,6 +183,7 @@ bool Copier::data(uint32_t file, int memfd, int pfs_fd) {
     return false;
   }
   held_++;
+  asked_bytes_ += map_.entry(file).size;
   urgent_.push_back(Job{.file = file, .urgent = true, .memfd = memfd});
   cv_.notify_one();
   return true;
@@ -255,10 +260,22 @@ void Copier::judge_the_pfs() {
 
 char* Copier::copy_buffer(uint64_t n) {
   // Not zeroed: its pages are taken as reads fill them, so a thread that
-  // copies only small files holds only what they need.
-  thread_local std::unique_ptr<char[]> buf;
+  // copies only small files holds only what they need. Page-aligned: a
+  // direct-I/O read (FUSE's, as the emulated PFS's) is cut into requests at
+  // page boundaries of the buffer, and malloc's 16-byte offset made every
+  // 4 MiB read three requests (2 MiB - 16, 2 MiB, 16 bytes) instead of two.
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<char, Free> buf;
   thread_local uint64_t size = 0;
-  if (size < n) buf.reset(new char[n]), size = n;
+  if (size < n) {
+    uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+    uint64_t bytes = (n + page - 1) / page * page;
+    buf.reset(static_cast<char*>(std::aligned_alloc(page, bytes)));
+    if (!buf) throw std::bad_alloc();
+    size = bytes;
+  }
   return buf.get();
 }
 
@@ -456,9 +473,9 @@ bool Copier::next_job(Job& job) {
 }
 
 bool Copier::window_room(uint64_t size) const {
-  uint64_t touched = map_.header().ahead_touched.load(std::memory_order_relaxed);
-  uint64_t unread = ahead_bytes_ > touched ? ahead_bytes_ - touched : 0;
-  return unread == 0 || unread + size <= opt_.ahead_window;
+  return ahead_room(opt_.ahead_window, ahead_bytes_,
+                    map_.header().ahead_touched.load(std::memory_order_relaxed), asked_bytes_,
+                    size);
 }
 
 std::string Copier::tmp_name(uint32_t file) const {
@@ -724,6 +741,7 @@ void Copier::finish(Job& job) {
   if (!ahead && job.ahead) {
     std::lock_guard lock(mu_);
     ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, e.size);  // a reader asked meanwhile
+    asked_bytes_ += e.size;
     job.ahead = false;
   }
   bool published =

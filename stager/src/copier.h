@@ -193,10 +193,9 @@ class Copier {
   static constexpr uint64_t kReplicaPassNs = 500'000'000;
   bool next_replica(Job& job);  // REQUIRES mu_
   uint64_t ahead_bytes_ = 0;    // copies made (or under way) ahead of any reader
-  // Whether a copy of `size` bytes may be made ahead: the copies readers have
-  // not opened stay within the window (a file larger than the window only
-  // when no other is unread), so that a job reading a part of the dataset
-  // costs the PFS that part plus at most the window. REQUIRES mu_
+  // Bytes of the files readers asked for or handed over, each once (ahead.h).
+  uint64_t asked_bytes_ = 0;
+  // Whether a copy of `size` bytes may be made ahead now (ahead.h). REQUIRES mu_
   bool window_room(uint64_t size) const;
   bool rescan_ = false;
   std::atomic<bool> stopping_{false};

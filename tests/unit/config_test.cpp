@@ -33,7 +33,7 @@ std::string error_of(const std::string& text) {
 
 TEST(Config, ReadsTiersInOrderWithDefaults) {
   std::string path = write_temp(
-      "# comment\ncopy_threads = 8\nconsistency = open\n"
+      "# comment\ncopy_threads = 6\nconsistency = open\n"
       "[tier.ram]\npath = /dev/shm/monarch\nquota = 2G\n"
       "[tier.ssd]\npath = /local/monarch\nquota = 80%\nblock_size = 1M\n");
   Config c = load_config(path);
@@ -45,7 +45,7 @@ TEST(Config, ReadsTiersInOrderWithDefaults) {
   EXPECT_EQ(c.tiers[1].name, "ssd");
   EXPECT_EQ(c.tiers[1].quota_percent, 80);
   EXPECT_EQ(c.tiers[1].block_size, 1u << 20);
-  EXPECT_EQ(c.copy_threads, 8u);
+  EXPECT_EQ(c.copy_threads, 6u);
   EXPECT_EQ(c.consistency, Consistency::kOpen);
   EXPECT_TRUE(c.stage_ahead);
 }
@@ -58,7 +58,8 @@ TEST(Config, UnknownKeyNamesLineKeyAndAcceptedKeys) {
 }
 
 TEST(Config, BadValuesSayWhatIsAccepted) {
-  EXPECT_NE(error_of("copy_threads = 0\n[tier.a]\npath=/a\nquota=1G\n").find(":1: key 'copy_threads', value '0': accepted: a whole number from 1 to 256"),
+  EXPECT_NE(error_of("copy_threads = 0\n[tier.a]\npath=/a\nquota=1G\n")
+                .find(":1: key 'copy_threads', value '0': accepted: a whole number from 1 to 256"),
             std::string::npos);
   EXPECT_NE(error_of("[tier.a]\npath=/a\nquota=150%\n").find(":3:"), std::string::npos);
   EXPECT_NE(error_of("[tier.a]\npath=/a\nquota=12X\n").find("accepted: a size such as 500G"),
