@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -258,25 +259,34 @@ void Copier::judge_the_pfs() {
     stop_copying(fmt::format("open {:.0f} us, reads {:.2f} GB/s per thread", v.open_us, v.read));
 }
 
-char* Copier::copy_buffer(uint64_t n) {
-  // Not zeroed: its pages are taken as reads fill them, so a thread that
-  // copies only small files holds only what they need. Page-aligned: a
-  // direct-I/O read (FUSE's, as the emulated PFS's) is cut into requests at
-  // page boundaries of the buffer, and malloc's 16-byte offset made every
-  // 4 MiB read three requests (2 MiB - 16, 2 MiB, 16 bytes) instead of two.
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  thread_local std::unique_ptr<char, Free> buf;
-  thread_local uint64_t size = 0;
-  if (size < n) {
-    uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
-    uint64_t bytes = (n + page - 1) / page * page;
-    buf.reset(static_cast<char*>(std::aligned_alloc(page, bytes)));
-    if (!buf) throw std::bad_alloc();
-    size = bytes;
+namespace {
+// A copy thread's buffer, mapped: page-aligned, since a direct-I/O read
+// (FUSE's, as the emulated PFS's) is cut into requests at page boundaries of
+// the buffer (malloc's 16-byte offset made every 4 MiB read three requests:
+// 2 MiB - 16, 2 MiB and 16 bytes), and given back to the system when the
+// thread has nothing to copy. Not zeroed: its pages are taken as reads fill
+// them, so a thread that copies only small files holds only what they need.
+struct CopyBuffer {
+  char* data = nullptr;
+  uint64_t size = 0;
+  void release() {
+    if (data) munmap(data, size);
+    data = nullptr, size = 0;
   }
-  return buf.get();
+  ~CopyBuffer() { release(); }
+};
+thread_local CopyBuffer t_buffer;
+}  // namespace
+
+char* Copier::copy_buffer(uint64_t n) {
+  if (t_buffer.size < n) {
+    t_buffer.release();
+    uint64_t page = uint64_t(sysconf(_SC_PAGESIZE)), bytes = (n + page - 1) / page * page;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    t_buffer.data = static_cast<char*>(p), t_buffer.size = bytes;
+  }
+  return t_buffer.data;
 }
 
 uint64_t Copier::read_back(const Job& job, const std::string& name) {
@@ -291,7 +301,8 @@ uint64_t Copier::read_back(const Job& job, const std::string& name) {
                                 SYNC_FILE_RANGE_WAIT_AFTER) == 0 &&
             posix_fadvise(fd, 0, off_t(n), POSIX_FADV_DONTNEED) == 0;
   uint64_t t0 = monotonic_ns();
-  ok = ok && pread(fd, copy_buffer(n), n, 0) == ssize_t(n);
+  char* buf = ok ? copy_buffer(n) : nullptr;
+  ok = buf && pread(fd, buf, n, 0) == ssize_t(n);
   uint64_t tier_ns = monotonic_ns() - t0;
   close(fd);
   return ok ? std::max<uint64_t>(tier_ns, 1) : 0;
@@ -366,6 +377,7 @@ bool Copier::next_peer_job(Job& job) {
       running_++;
       return true;
     }
+    t_buffer.release();                                  // as a copy thread's, below
     cv_.wait_for(lock, std::chrono::milliseconds(100));  // replicas: homes copy meanwhile
   }
 }
@@ -465,10 +477,14 @@ bool Copier::next_job(Job& job) {
       }
     }
     rescan_ = false;
-    if (waiting_for_readers)
+    if (waiting_for_readers) {
       cv_.wait_for(lock, std::chrono::milliseconds(50));  // readers do not call: look again
-    else
+    } else {
+      // Nothing to copy until a reader asks: the thread's buffer goes back to
+      // the system, for the page cache of the job's readers (4 MiB a thread).
+      t_buffer.release();
       cv_.wait(lock);
+    }
   }
 }
 
@@ -603,7 +619,14 @@ bool Copier::begin(Job& job) {
 Copier::Outcome Copier::copy_blocks(Job& job) {
   const Entry& e = map_.entry(job.file);
   uint64_t block = opt_.block_sizes[job.tier];
-  char* buf = copy_buffer(block);
+  char* buf = job.memfd < 0 ? copy_buffer(block) : nullptr;
+  if (job.memfd < 0 && !buf) {
+    spdlog::warn("copy of {} failed: no memory for its buffer; it will be read from the PFS",
+                 map_.path(job.file));
+    count(s_copy_errors);
+    abandon(job, kFailed);
+    return Outcome::kDone;
+  }
   CopySlot& slot = map_.header().copies[job.slot];
   for (;;) {
     if (stopping_) {

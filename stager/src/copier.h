@@ -150,7 +150,7 @@ class Copier {
   void sample_tier(const Job& job, const std::string& name);
   uint64_t read_back(const Job& job, const std::string& name);  // ns, 0 when it could not
   // This thread's buffer of at least `n` bytes: a copy's blocks, and a copy
-  // read back (after the copy is done).
+  // read back (after the copy is done). nullptr when there is no memory.
   static char* copy_buffer(uint64_t n);
   void judge_the_pfs();
   void stop_copying(const std::string& why);
