@@ -75,6 +75,11 @@ void Copier::start() {
   } else {
     backlog_.reset(entries, map_.size());
   }
+  uint64_t copied = 0, room = 0;  // what this node copies from the PFS, and its tiers' quotas
+  for (uint32_t i = 0; i < map_.size(); ++i)
+    if (!opt_.peers || opt_.peers->home(i) < 0) copied += map_.entry(i).size;
+  for (int t = 0; t < placement_.tiers(); ++t) room += placement_.quota(t);
+  window_grows_ = room >= copied;
   for (unsigned i = 0; i < opt_.threads; ++i)
     threads_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "monarch-copy");  // for ps, gdb, and fault tests
@@ -140,7 +145,7 @@ void Copier::place(uint32_t file) {
   uint32_t s = map_.entry(file).state.load();
   if (state_of(s) == kNone && set_state(file, s, make_state(kQueued, 0, coarse_now()))) {
     std::lock_guard lock(mu_);
-    asked_bytes_ += map_.entry(file).size;
+    asked(file);
     queue(Job{.file = file, .urgent = true});
     return;
   }
@@ -184,10 +189,16 @@ bool Copier::data(uint32_t file, int memfd, int pfs_fd) {
     return false;
   }
   held_++;
-  asked_bytes_ += map_.entry(file).size;
+  asked(file);
   urgent_.push_back(Job{.file = file, .urgent = true, .memfd = memfd});
   cv_.notify_one();
   return true;
+}
+
+void Copier::asked(uint32_t file) {
+  // Counted on the file's home only: one node's readers, or another node's
+  // through it, show the job reads it once for the whole job.
+  if (!opt_.peers || opt_.peers->home(file) < 0) asked_bytes_ += map_.entry(file).size;
 }
 
 void Copier::queue(Job job) {
@@ -477,21 +488,22 @@ bool Copier::next_job(Job& job) {
       }
     }
     rescan_ = false;
-    if (waiting_for_readers) {
+    // Nothing to copy until readers read or ask: the thread's buffer goes back
+    // to the system, for the page cache of the job's readers (a block a thread).
+    t_buffer.release();
+    if (waiting_for_readers)
       cv_.wait_for(lock, std::chrono::milliseconds(50));  // readers do not call: look again
-    } else {
-      // Nothing to copy until a reader asks: the thread's buffer goes back to
-      // the system, for the page cache of the job's readers (4 MiB a thread).
-      t_buffer.release();
+    else
       cv_.wait(lock);
-    }
   }
 }
 
 bool Copier::window_room(uint64_t size) const {
+  const Header& h = map_.header();
+  uint64_t shown =
+      window_grows_ ? asked_bytes_ + h.ahead_opened.load(std::memory_order_relaxed) : 0;
   return ahead_room(opt_.ahead_window, ahead_bytes_,
-                    map_.header().ahead_touched.load(std::memory_order_relaxed), asked_bytes_,
-                    size);
+                    h.ahead_touched.load(std::memory_order_relaxed), shown, size);
 }
 
 std::string Copier::tmp_name(uint32_t file) const {
@@ -764,7 +776,7 @@ void Copier::finish(Job& job) {
   if (!ahead && job.ahead) {
     std::lock_guard lock(mu_);
     ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, e.size);  // a reader asked meanwhile
-    asked_bytes_ += e.size;
+    asked(job.file);
     job.ahead = false;
   }
   bool published =

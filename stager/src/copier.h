@@ -61,9 +61,9 @@ struct CopierOptions {
   int root_fd = -1;           // the dataset root, open
   std::vector<int> tier_fds;  // job directory of each tier, open
   std::vector<uint64_t> block_sizes;
-  unsigned threads = 4;
+  unsigned threads = 4;  // the stager passes copy_threads
   bool stage_ahead = true;
-  uint64_t ahead_window = ~0ull;  // bytes of unread copies stage-ahead may have made
+  uint64_t ahead_window = ~0ull;  // stage_ahead_window in bytes (ahead.h)
   bool fast_fs_check = true;      // stop copying when the PFS is as fast as a tier
   // Multi-node jobs: files homed on other nodes are copied from them, by
   // threads of their own (a copy waiting on a peer never holds a thread the
@@ -195,6 +195,10 @@ class Copier {
   uint64_t ahead_bytes_ = 0;    // copies made (or under way) ahead of any reader
   // Bytes of the files readers asked for or handed over, each once (ahead.h).
   uint64_t asked_bytes_ = 0;
+  void asked(uint32_t file);  // REQUIRES mu_
+  // Whether the window may grow past the setting: the tiers hold every file
+  // this node copies (ahead.h). Set by start().
+  bool window_grows_ = false;
   // Whether a copy of `size` bytes may be made ahead now (ahead.h). REQUIRES mu_
   bool window_room(uint64_t size) const;
   bool rescan_ = false;

@@ -289,8 +289,10 @@ void JobMap::touch(uint32_t file) const {
   std::atomic<uint32_t>& w = entries_[file].state;
   uint32_t old = w.load(std::memory_order_relaxed);
   if (state_of(old) != kCached || !(aux_of(old) & kAhead) || (aux_of(old) & kTouched)) return;
-  if (w.compare_exchange_strong(old, old | (kTouched << 8)))
+  if (w.compare_exchange_strong(old, old | (kTouched << 8))) {
     h_->ahead_touched.fetch_add(entries_[file].size, std::memory_order_relaxed);
+    h_->ahead_opened.fetch_add(entries_[file].size, std::memory_order_relaxed);
+  }
 }
 
 bool copy_name(const JobMap& m, uint32_t file, char* out, size_t cap) {

@@ -31,7 +31,7 @@
 
 namespace monarch {
 
-inline constexpr char kMagic[8] = {'M', 'O', 'N', 'A', 'R', 'C', 'H', '3'};
+inline constexpr char kMagic[8] = {'M', 'O', 'N', 'A', 'R', 'C', 'H', '4'};
 inline constexpr int kMapTiers = 4;       // == kMaxTiers in config.h
 inline constexpr int kCopySlots = 1024;   // copies under way at once, paused ones included
 inline constexpr int kProcSlots = 4096;   // threads with counters; later ones share slot 0
@@ -93,7 +93,8 @@ inline constexpr uint32_t aux_of(uint32_t w) {
 inline constexpr uint32_t kCopyToDelete = 1, kNamesOnly = 2;
 // `aux` of kCached: the copy was made ahead (stage-ahead), before any reader
 // asked for it; and a reader has opened it since. Stage-ahead copies at most
-// a window of bytes ahead of what readers have touched (Header::ahead_touched).
+// a window of bytes ahead of what readers have touched (Header::ahead_touched;
+// the window: ahead.h).
 inline constexpr uint32_t kAhead = 1, kTouched = 2;
 
 // Time in the 24 bits of `aux`: CLOCK_MONOTONIC in units of 2^20 ns (about
@@ -178,6 +179,9 @@ struct Header {
   // readers read from the PFS: readers that outrun the copies (epoch 1 of
   // training) pull stage-ahead along.
   std::atomic<uint64_t> ahead_touched;
+  // Bytes of copies made ahead that readers have opened, each file once: with
+  // the files readers asked for, what widens stage-ahead's window (ahead.h).
+  std::atomic<uint64_t> ahead_opened;
   std::atomic<uint32_t> copies_off;  // the dataset's file system is fast: no copy is worth it
   // A multi-node job's stager: a file with no room here is read from another
   // node through it (Request::kPeerRead) rather than from the PFS.
