@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "fdtable.h"
 #include "handlers.h"
 #include "process.h"
@@ -42,8 +44,11 @@ int on_fclose(FILE* f, Pass<int> pass) {
   if (e && owner()) {
     KeepErrno k;
     if (e->stream) {  // stdio reads are not seen: count what the stream consumed
+      // At most the file: a stream seeked past its end read nothing there,
+      // and what readers read from the PFS lets stage-ahead go as far.
       off_t pos = real::lseek(fd, 0, SEEK_CUR);
-      if (pos > 0) count_read(e, e->kind.load() == kLocal ? Source::kLocal : Source::kPfs, pos);
+      uint64_t n = pos > 0 ? std::min<uint64_t>(uint64_t(pos), e->map->entry(e->file).size) : 0;
+      if (n) count_read(e, e->kind.load() == kLocal ? Source::kLocal : Source::kPfs, ssize_t(n));
     }
     untrack(e);
   }

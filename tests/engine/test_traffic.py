@@ -128,6 +128,37 @@ class Traffic(Case):
                                    "stage-ahead stopped at the setting's window")
 
 
+    def test_a_stream_seeked_past_its_end_moves_the_window_by_its_file_only(self):
+        # A stream's reads are counted at fclose from its position: one
+        # seeked far past its end read nothing there, and must not let
+        # stage-ahead copy the whole dataset for a job that read one file
+        # (the largest: stage-ahead copies it last, so the stream is the PFS's).
+        root = dataset("small", **SMALL)
+        size = dataset_bytes(root)
+        with Pfs(root) as pfs:
+            files = sorted(os.path.join(d, n) for d, _, ns in os.walk(pfs.dataset)
+                           for n in ns if not n.startswith("."))
+            script = ("import ctypes, sys, time\n"
+                      "libc = ctypes.CDLL(None)\n"
+                      "libc.fopen.restype = ctypes.c_void_p\n"
+                      "libc.fseek.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]\n"
+                      "libc.fclose.argtypes = [ctypes.c_void_p]\n"
+                      "f = libc.fopen(sys.argv[1].encode(), b'r')\n"
+                      "assert libc.fseek(f, 1 << 50, 0) == 0\n"
+                      "libc.fclose(f)\n"
+                      "time.sleep(2)\n")
+            before = pfs.counts()
+            big = max(files, key=os.path.getsize)
+            n = os.path.getsize(big)
+            run(AFTER_INDEX + [PY, "-c", script, big],
+                monarch=["--dataset", pfs.dataset, *copying(self, tier(self))])
+            pfs_bytes = pfs.counts()["bytes"] - before["bytes"]
+        print(f"a stream seeked past its end: the PFS served {pfs_bytes / size:.3f} of the dataset")
+        # Its copy, and stage-ahead as far as the file and the window.
+        self.assertLessEqual(pfs_bytes, 2 * n + max(0.04 * size, n / 3) + 4 * (4 << 20),
+                             "stage-ahead went past its window")
+
+
 class ManyProcesses(Case):
     def test_eight_readers_one_quota(self):
         root = dataset("small", **SMALL)
