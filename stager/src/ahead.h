@@ -10,10 +10,12 @@
 // dataset widens the window as it goes, and the copy threads keep the PFS
 // busy (epoch 1 of issue 11's workload); a job that reads a part P once costs
 // the PFS P, twice what its readers read from the PFS besides their copies
-// (large files read ahead of their copy, streams: those bytes, and as many
-// copied ahead), and at most the larger of the window and P/3. The window grows only where the tiers can hold every file the node
-// copies: elsewhere a copy no reader opens takes room a file the job reads
-// then lacks, in every epoch (copies are never evicted).
+// (large files read ahead of their copy, streams up to their position at
+// fclose: those bytes, and as many copied ahead), and at most the larger of
+// the window and P/3, or one file larger than these. The window grows only
+// where the tiers have room for every file the node copies: elsewhere a copy
+// no reader opens takes room a file the job reads then lacks, in every epoch
+// (copies are never evicted).
 #pragma once
 
 #include <algorithm>

@@ -75,11 +75,19 @@ void Copier::start() {
   } else {
     backlog_.reset(entries, map_.size());
   }
-  uint64_t copied = 0, room = 0;  // what this node copies from the PFS, and its tiers' quotas
-  for (uint32_t i = 0; i < map_.size(); ++i)
-    if (!opt_.peers || opt_.peers->home(i) < 0) copied += map_.entry(i).size;
-  for (int t = 0; t < placement_.tiers(); ++t) room += placement_.quota(t);
-  window_grows_ = room >= copied;
+  // The window may grow where the tiers have room now for the disk space of
+  // every file this node copies from the PFS (in the largest of the tiers'
+  // blocks), less a sixteenth for the file systems' own blocks.
+  uint64_t need = 0, room = 0;
+  for (uint32_t i = 0; i < map_.size(); ++i) {
+    if (opt_.peers && opt_.peers->home(i) >= 0) continue;
+    uint64_t most = 0;
+    for (int t = 0; t < placement_.tiers(); ++t)
+      most = std::max(most, placement_.footprint(t, map_.entry(i).size));
+    need += most;
+  }
+  for (int t = 0; t < placement_.tiers(); ++t) room += placement_.room(t);
+  window_grows_ = room - room / kHomeSlackShare >= need;
   for (unsigned i = 0; i < opt_.threads; ++i)
     threads_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "monarch-copy");  // for ps, gdb, and fault tests

@@ -196,8 +196,8 @@ class Copier {
   // Bytes of the files readers asked for or handed over, each once (ahead.h).
   uint64_t asked_bytes_ = 0;
   void asked(uint32_t file);  // REQUIRES mu_
-  // Whether the window may grow past the setting: the tiers hold every file
-  // this node copies (ahead.h). Set by start().
+  // Whether the window may grow past the setting: the tiers have room for
+  // every file this node copies (ahead.h). Set by start().
   bool window_grows_ = false;
   // Whether a copy of `size` bytes may be made ahead now (ahead.h). REQUIRES mu_
   bool window_room(uint64_t size) const;

@@ -23,9 +23,7 @@ int Placement::reserve(uint64_t size, uint64_t keep) {
   std::vector<uint64_t> room(tiers());
   uint64_t total = 0;
   for (int t = 0; t < tiers(); ++t) {
-    if (full_[t] || used_[t] >= tiers_[t].quota) continue;
-    uint64_t free = free_bytes_(t), taken = inflight_[t] + reserve_;
-    room[t] = std::min(tiers_[t].quota - used_[t], free > taken ? free - taken : 0);
+    room[t] = room_locked(t);
     total += room[t];
   }
   for (int t = 0; t < tiers(); ++t) {
@@ -58,6 +56,17 @@ void Placement::adopt(int t, uint64_t size) {
 void Placement::mark_full(int t) {
   std::lock_guard lock(mu_);
   full_[t] = true;
+}
+
+uint64_t Placement::room_locked(int t) const {
+  if (full_[t] || used_[t] >= tiers_[t].quota) return 0;
+  uint64_t free = free_bytes_(t), taken = inflight_[t] + reserve_;
+  return std::min(tiers_[t].quota - used_[t], free > taken ? free - taken : 0);
+}
+
+uint64_t Placement::room(int t) const {
+  std::lock_guard lock(mu_);
+  return room_locked(t);
 }
 
 uint64_t Placement::used(int t) const {

@@ -40,12 +40,17 @@ class Placement {
   // The tier's file system ran out of space: place nothing more there.
   void mark_full(int tier);
 
+  // Bytes of disk space tier t can take now: its quota left, within its file
+  // system's free space.
+  uint64_t room(int t) const;
+
   int tiers() const { return int(tiers_.size()); }
   uint64_t quota(int t) const { return tiers_[t].quota; }
   uint64_t used(int t) const;
   bool full(int t) const;
 
  private:
+  uint64_t room_locked(int t) const;  // REQUIRES mu_
   std::vector<Tier> tiers_;
   std::function<uint64_t(int)> free_bytes_;
   uint64_t reserve_;

@@ -16,6 +16,8 @@ TEST(Placement, FillsTopDownWithoutEviction) {
   EXPECT_EQ(p.reserve(1500), -1);  // neither: nothing is evicted
   EXPECT_EQ(p.used(0), 10000u);
   EXPECT_EQ(p.used(1), 4000u);
+  EXPECT_EQ(p.room(0), 0u);
+  EXPECT_EQ(p.room(1), 1000u) << "the quota left";
 }
 
 TEST(Placement, CountsWholeBlocks) {
@@ -32,7 +34,9 @@ TEST(Placement, RespectsRealFreeSpaceAndInflightCopies) {
   uint64_t free_space = 10000;
   Placement p(
       {{1 << 30, 1}}, [&](int) { return free_space; }, 1000);
-  EXPECT_EQ(p.reserve(5000), 0);   // 5000 + 1000 reserve <= 10000
+  EXPECT_EQ(p.room(0), 9000u) << "the file system's free space, less the reserve, under the quota";
+  EXPECT_EQ(p.reserve(5000), 0);  // 5000 + 1000 reserve <= 10000
+  EXPECT_EQ(p.room(0), 4000u) << "less what is in flight";
   EXPECT_EQ(p.reserve(4500), -1);  // 5000 in flight + 4500 + 1000 > 10000
   p.written(0, 5000);              // now on disk: the file system shows it
   free_space = 5000;
