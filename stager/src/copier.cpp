@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -58,14 +57,27 @@ void Copier::start() {
   start_ns_ = monotonic_ns();
   map_.header().copied_ns.store(start_ns_);
   // Smaller files first (size_order.h). In a multi-node job, each node
-  // stages ahead the files homed on it, then the others' (replicas).
+  // stages ahead the files homed on it, then the others' (replicas), and
+  // stage-ahead's window may grow where the tiers have room now for the disk
+  // space of every file this node copies from the PFS (in the largest of the
+  // tiers' blocks), less a sixteenth for the file systems' own blocks.
   const Entry* entries = map_.size() ? &map_.entry(0) : nullptr;
+  std::vector<bool> own(opt_.peers ? map_.size() : 0);
+  uint64_t need = 0, room = 0;
+  for (uint32_t i = 0; i < map_.size(); ++i) {
+    bool mine = !opt_.peers || opt_.peers->home(i) < 0;
+    if (opt_.peers) own[i] = mine;
+    if (!mine) continue;
+    if (opt_.peers && state_of(map_.entry(i).state.load()) == kNone)
+      home_left_ += map_.entry(i).size;
+    uint64_t most = 0;
+    for (int t = 0; t < placement_.tiers(); ++t)
+      most = std::max(most, placement_.footprint(t, map_.entry(i).size));
+    need += most;
+  }
+  for (int t = 0; t < placement_.tiers(); ++t) room += placement_.room(t);
+  window_grows_ = room - room / kHomeSlackShare >= need;
   if (opt_.peers) {
-    std::vector<bool> own(map_.size());
-    for (uint32_t i = 0; i < map_.size(); ++i) {
-      own[i] = opt_.peers->home(i) < 0;
-      if (own[i] && state_of(map_.entry(i).state.load()) == kNone) home_left_ += map_.entry(i).size;
-    }
     for (int t = 0; t < placement_.tiers(); ++t)
       home_slack_ += placement_.quota(t) / kHomeSlackShare;
     backlog_.reset(entries, map_.size(), own);
@@ -75,19 +87,6 @@ void Copier::start() {
   } else {
     backlog_.reset(entries, map_.size());
   }
-  // The window may grow where the tiers have room now for the disk space of
-  // every file this node copies from the PFS (in the largest of the tiers'
-  // blocks), less a sixteenth for the file systems' own blocks.
-  uint64_t need = 0, room = 0;
-  for (uint32_t i = 0; i < map_.size(); ++i) {
-    if (opt_.peers && opt_.peers->home(i) >= 0) continue;
-    uint64_t most = 0;
-    for (int t = 0; t < placement_.tiers(); ++t)
-      most = std::max(most, placement_.footprint(t, map_.entry(i).size));
-    need += most;
-  }
-  for (int t = 0; t < placement_.tiers(); ++t) room += placement_.room(t);
-  window_grows_ = room - room / kHomeSlackShare >= need;
   for (unsigned i = 0; i < opt_.threads; ++i)
     threads_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "monarch-copy");  // for ps, gdb, and fault tests
