@@ -144,11 +144,13 @@ class Copier {
   void abandon(Job& job, FileState state);
   void close_files(Job& job, bool keep_memfd);
   void drop_stale_copy(uint32_t file);
-  // The fast-file-system check (fast_fs.h): the first copies read back from
-  // their tier (sample_tier), and the copy threads' mean rates
-  // (judge_the_pfs); the first verdict of fast stops copying.
+  // The fast-file-system check (fast_fs.h): the first copies' first bytes
+  // read again from the PFS and from their tier (sample_tier), and the copy
+  // threads' mean rates (judge_the_pfs); the first verdict of fast stops
+  // copying.
   void sample_tier(const Job& job, const std::string& name);
-  uint64_t read_back(const Job& job, const std::string& name);  // ns, 0 when it could not
+  // Times of those reads; false when they could not be made.
+  bool read_back(const Job& job, const std::string& name, uint64_t& pfs_ns, uint64_t& tier_ns);
   // This thread's buffer of at least `n` bytes: a copy's blocks, and a copy
   // read back (after the copy is done). nullptr when there is no memory.
   static char* copy_buffer(uint64_t n);

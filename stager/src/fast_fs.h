@@ -5,18 +5,22 @@
 // (Copier::sample_tier, Copier::judge_the_pfs); these functions decide.
 //
 // Two ways:
-// - early, against the tier itself: each of the first kJudgeFiles *
-//   kJudgeWindows copies from the PFS is read back from its tier as a reader
-//   reads a copy the page cache no longer holds, the same bytes as the
-//   copy's first PFS read (a copy whose PFS open was slow counts as slow,
-//   unread: a real PFS pays nothing). After every kJudgeFiles of them, the
+// - early, against the tier itself: the first bytes of each of the first
+//   kJudgeFiles * kJudgeWindows copies from the PFS are read again from the
+//   PFS file and then from the copy, each as a reader reads a file the page
+//   cache no longer holds, back to back in one thread: the same load for
+//   both (a copy whose PFS open was slow counts as slow, unread: a real PFS
+//   pays nothing). After every kJudgeFiles of them, the
 //   medians of all so far decide. Load on the node (CPU, the disk's queue)
 //   slows both reads alike, where an absolute rate of small files measures
 //   mostly their latency and the load. Measured on the fast-file-system
 //   benchmark (dataset and tier on one disk, 2 busy cores): single files
-//   0.2-7x, medians of 8 to 32 files 0.7-1.5x (the PFS's first read of a
-//   file also reads its metadata); decided after 8 copies, where the mean
-//   rates below took 270-730 (8-111 MiB) under a concurrent build;
+//   0.2-7x, medians of 8 files 0.5-3.0x and of 16 to 32 files at most 1.44x
+//   in 12 runs with 8 copy threads, decided after 8 to 38 copies. (Timed
+//   against the copy's own first read, which also read the file's metadata
+//   while the other copies ran, the medians were 1.8-2.6x in a fifth to a
+//   third of the runs, and 840-1,411 copies were made before the mean rates
+//   below said fast.)
 // - at any time, from the copy threads' mean rates, after kJudgeOpens files
 //   and kJudgeBytes.
 #pragma once
