@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <unordered_set>
 
 #include "ahead.h"
