@@ -155,19 +155,23 @@ def stager_per_file(x, r):
     return (r["stager_peak_rss_kib"] - x.get("stager_base_rss_kib", 0)) * 1024 / files
 
 
+# The scale scenario's first reads: results key and how the caches were.
+FIRST_KEYS = {"cold": "first", "server": "first_server", "warm": "first_warm"}
+FIRST_HOW = {"first": "caches dropped",
+             "first_server": "caches dropped, the PFS server's metadata in its memory",
+             "first_warm": "programs cached"}
+
+
 def scale_text(x):
     lines = [f"\n== scale: {x['files']} files in {x['dirs']} folders on the emulated PFS, "
              f"{x['stat_latency_us']} us a stat (LOOKUP, GETATTR)",
-             f"first read, launch to bytes (medians of {len(x['first']['direct'])}), caches "
-             f"dropped: direct {x['first_direct'] * 1000:.1f} ms, Monarch "
-             f"{x['first_Monarch'] * 1000:.1f} ms "
-             f"({(x['first_Monarch'] - x['first_direct']) * 1000:+.1f} ms)"]
-    if "first_warm_direct" in x:
-        lines.append(f"first read, programs in the page cache: direct "
-                     f"{x['first_warm_direct'] * 1000:.1f} ms, Monarch "
-                     f"{x['first_warm_Monarch'] * 1000:.1f} ms "
-                     f"({(x['first_warm_Monarch'] - x['first_warm_direct']) * 1000:+.1f} ms)")
-    for key, how in (("first", "caches dropped"), ("first_warm", "programs cached")):
+             f"first read, launch to bytes, medians of {len(x['first']['direct'])}:"]
+    for key, how in FIRST_HOW.items():
+        if f"{key}_direct" in x:
+            m, d = x[f"{key}_Monarch"], x[f"{key}_direct"]
+            lines.append(f"first read, {how}: direct {d * 1000:.1f} ms, Monarch {m * 1000:.1f} ms "
+                         f"({(m - d) * 1000:+.1f} ms)")
+    for key, how in FIRST_HOW.items():
         for name, what in (("Monarch paced", f"the walk paced (index_rate {x['index_rate']})"),
                            ("Monarch one file", "Monarch on a one-file dataset (no walk)")):
             if f"{key}_{name}" in x:
@@ -428,7 +432,7 @@ def goals(results):
                 b <= 0.15 * S)
     x = results.get("scale")
     if x:
-        for key, how in (("first", "caches dropped"), ("first_warm", "programs cached")):
+        for key, how in FIRST_HOW.items():
             if f"{key}_direct" not in x:
                 continue
             m, d = x[f"{key}_Monarch"], x[f"{key}_direct"]
