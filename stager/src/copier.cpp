@@ -43,7 +43,12 @@ bool no_space(int err) {
 
 Copier::Copier(JobMap& map, Placement& placement, CopierOptions options,
                std::atomic<uint64_t>* counters)
-    : map_(map), placement_(placement), opt_(std::move(options)), counters_(counters) {
+    : map_(map),
+      placement_(placement),
+      opt_(std::move(options)),
+      counters_(counters),
+      asked_once_(map.size()) {
+  for (uint64_t b : opt_.block_sizes) max_block_ = std::max(max_block_, b);
   for (int s = kCopySlots - 1; s >= 0; --s) free_slots_.push_back(s);
   for (auto& b : boost_) b = false;
 }
@@ -202,9 +207,21 @@ bool Copier::data(uint32_t file, int memfd, int pfs_fd) {
 }
 
 void Copier::asked(uint32_t file) {
-  // Counted on the file's home only: one node's readers, or another node's
-  // through it, show the job reads it once for the whole job.
-  if (!opt_.peers || opt_.peers->home(file) < 0) asked_bytes_ += map_.entry(file).size;
+  // Once a file (a claim reaped and made again, a copy retried, a reader
+  // that hands the same bytes over twice) and on the file's home only: one
+  // node's readers, or another node's through it, show the job reads it
+  // once for the whole job.
+  if (asked_once_[file] || (opt_.peers && opt_.peers->home(file) >= 0)) return;
+  asked_once_[file] = true;
+  asked_bytes_ += map_.entry(file).size;
+}
+
+void Copier::unahead(Job& job) {
+  if (!job.ahead) return;
+  std::lock_guard lock(mu_);
+  uint64_t size = map_.entry(job.file).size, left = size - std::min(size, job.done);
+  ahead_bytes_ -= std::min(ahead_bytes_, left);
+  job.ahead = false;
 }
 
 void Copier::queue(Job job) {
@@ -330,7 +347,9 @@ bool Copier::read_back(const Job& job, const std::string& name, uint64_t& pfs_ns
             sync_file_range(fd, 0, off_t(n),
                             SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                                 SYNC_FILE_RANGE_WAIT_AFTER) == 0 &&
-            timed(job.src, pfs_ns) && timed(fd, tier_ns);
+            timed(job.src, pfs_ns);
+  if (ok) count(s_check_bytes, n);
+  ok = ok && timed(fd, tier_ns);
   close(fd);
   return ok;
 }
@@ -340,7 +359,12 @@ void Copier::sample_tier(const Job& job, const std::string& name) {
   // A slow open already says the file system is no tier: that file counts
   // against it, and its copy is not read back (no cost for a real PFS).
   uint64_t pfs_ns = job.first_read_ns, tier_ns = 0;
-  if (fast_open(job.open_ns) && !read_back(job, name, pfs_ns, tier_ns)) return;
+  if (fast_open(job.open_ns)) {
+    // At most twice the samples the check takes: one that keeps failing
+    // (the file changes, the tier refuses fadvise) stops reading the PFS.
+    if (read_backs_.fetch_add(1) >= 2 * kJudgeFiles * kJudgeWindows) sampling_ = false;
+    if (!sampling_ || !read_back(job, name, pfs_ns, tier_ns)) return;
+  }
   std::lock_guard lock(judge_mu_);
   if (!sampling_) return;
   samples_.push_back({job.open_ns, pfs_ns, tier_ns});
@@ -528,6 +552,18 @@ std::string Copier::tmp_name(uint32_t file) const {
 }
 
 void Copier::run(Job& job) {
+  // The buffer before the PFS file is opened: without memory the file goes
+  // back to be copied later (never failed for good, which would send every
+  // reader of it to the PFS), and this thread rests a moment instead of
+  // opening the rest of the backlog on the PFS for nothing.
+  if (job.slot < 0 && job.memfd < 0 && !copy_buffer(max_block_)) {
+    if (!buffer_warned_.exchange(true))
+      spdlog::warn("no memory for a copy buffer of {} bytes: copies wait for it", max_block_);
+    abandon(job, kNone);
+    rescan();
+    std::this_thread::sleep_for(std::chrono::milliseconds(kNoBufferRestMs));
+    return;
+  }
   if (job.slot < 0 && !begin(job)) return;
   for (;;) {
     Outcome o = copy_blocks(job);
@@ -556,6 +592,7 @@ bool Copier::begin(Job& job) {
   FileState expect = job.memfd >= 0 ? kClaimed : kQueued;
   if (state_of(from) != expect) {  // released, or marked stale meanwhile
     if (job.memfd >= 0) close(job.memfd), job.memfd = -1;
+    unahead(job);
     count(s_ignored);
     return false;
   }
@@ -574,6 +611,7 @@ bool Copier::begin(Job& job) {
       spdlog::debug("no room for {} ({} bytes), a file homed here", map_.path(job.file), e.size);
     count(s_noroom);
     set_state(job.file, from, make_state(kNoRoom));
+    unahead(job);
     close_files(job, false);
     return false;
   }
@@ -648,11 +686,11 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
   const Entry& e = map_.entry(job.file);
   uint64_t block = opt_.block_sizes[job.tier];
   char* buf = job.memfd < 0 ? copy_buffer(block) : nullptr;
-  if (job.memfd < 0 && !buf) {
-    spdlog::warn("copy of {} failed: no memory for its buffer; it will be read from the PFS",
-                 map_.path(job.file));
-    count(s_copy_errors);
-    abandon(job, kFailed);
+  if (job.memfd < 0 && !buf) {  // a paused copy whose buffer went back: later
+    if (!buffer_warned_.exchange(true))
+      spdlog::warn("no memory for a copy buffer of {} bytes: copies wait for it", block);
+    abandon(job, kNone);
+    rescan();
     return Outcome::kDone;
   }
   CopySlot& slot = map_.header().copies[job.slot];
@@ -825,11 +863,7 @@ void Copier::finish(Job& job) {
 }
 
 void Copier::abandon(Job& job, FileState state) {
-  if (job.ahead && state != kQueued) {  // no copy ahead after all
-    std::lock_guard lock(mu_);
-    ahead_bytes_ -= std::min<uint64_t>(ahead_bytes_, map_.entry(job.file).size);
-    job.ahead = false;
-  }
+  if (state != kQueued) unahead(job);  // no copy ahead after all
   if (job.dst >= 0 || job.slot >= 0) {
     std::string tmp = tmp_name(job.file);
     if (job.tier >= 0) unlinkat(opt_.tier_fds[job.tier], tmp.c_str(), 0);

@@ -154,11 +154,15 @@ class Copier {
   // This thread's buffer of at least `n` bytes: a copy's blocks, and a copy
   // read back (after the copy is done). nullptr when there is no memory.
   static char* copy_buffer(uint64_t n);
+  uint64_t max_block_ = 0;  // the largest tier's block: a copy thread's buffer
+  std::atomic<bool> buffer_warned_{false};
+  static constexpr int kNoBufferRestMs = 100;
   void judge_the_pfs();
   void stop_copying(const std::string& why);
   std::mutex judge_mu_;
   std::vector<TierSample> samples_;  // REQUIRES judge_mu_
   std::atomic<bool> sampling_{true};
+  std::atomic<size_t> read_backs_{0};  // copies read back, done or failed
   std::string tmp_name(uint32_t file) const;
   bool make_parents(int tier, std::string_view rel);
   void count(StagerCounter c, uint64_t n = 1) {
@@ -197,7 +201,12 @@ class Copier {
   uint64_t ahead_bytes_ = 0;    // copies made (or under way) ahead of any reader
   // Bytes of the files readers asked for or handed over, each once (ahead.h).
   uint64_t asked_bytes_ = 0;
-  void asked(uint32_t file);  // REQUIRES mu_
+  void asked(uint32_t file);      // REQUIRES mu_
+  std::vector<bool> asked_once_;  // REQUIRES mu_: files asked() counted
+  // A job from the backlog that will not be a copy ahead after all: the
+  // bytes it did not read from the PFS leave ahead_bytes_ (those it read stay:
+  // the window bounds what stage-ahead reads for nothing too). Takes mu_.
+  void unahead(Job& job);
   // Whether the window may grow past the setting: the tiers have room for
   // every file this node copies (ahead.h). Set by start().
   bool window_grows_ = false;

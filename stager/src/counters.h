@@ -61,6 +61,7 @@ namespace monarch {
   X(pfs_reads, "reads sent to the PFS by the stager")                                     \
   X(pfs_bytes, "bytes read from the PFS by the stager")                                   \
   X(pfs_read_ns, "time spent in those reads")                                             \
+  X(check_bytes, "bytes read again from the PFS by the fast-file-system check")           \
   X(handoffs, "files written from bytes a reader had read whole")                         \
   X(handoff_bytes, "bytes of those files")                                                \
   X(adopted, "copies found from an earlier stager of this job and kept")                  \

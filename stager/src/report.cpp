@@ -185,7 +185,7 @@ Traffic traffic(const pt::ptree& c) {
   t.stager_pfs_bytes = num(c, skey(s_pfs_bytes));
   t.pfs_opens = t.job_pfs_opens + num(c, skey(s_pfs_opens));
   t.pfs_reads = t.job_pfs_reads + num(c, skey(s_pfs_reads));
-  t.pfs_bytes = t.job_pfs_bytes + t.stager_pfs_bytes;
+  t.pfs_bytes = t.job_pfs_bytes + t.stager_pfs_bytes + num(c, skey(s_check_bytes));
   t.stager_copied = t.stager_pfs_bytes + num(c, skey(s_handoff_bytes));
   t.local_reads = sum(c, pkey(c_tier_reads));
   t.local_bytes = sum(c, pkey(c_tier_bytes));

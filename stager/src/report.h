@@ -26,7 +26,8 @@ struct ReportError : std::runtime_error {
 // more than the job read in that span).
 struct Traffic {
   double opens = 0, reads = 0, bytes = 0;              // the job's calls (counters opens...)
-  double pfs_opens = 0, pfs_reads = 0, pfs_bytes = 0;  // what reached the PFS (job + stager)
+  double pfs_opens = 0, pfs_reads = 0, pfs_bytes = 0;  // what reached the PFS (job + stager;
+                                                       // bytes: the fast-fs check's too)
   double job_pfs_opens = 0, job_pfs_reads = 0, job_pfs_bytes = 0;  // of which the job's
   double job_pfs_read_ns = 0;                                      // time in them
   double stager_pfs_bytes = 0;  // of which the stager's (its opens and reads: the difference)

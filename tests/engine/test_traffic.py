@@ -210,6 +210,12 @@ class FastDataset(Case):
             with open(report) as f:
                 stats = json.load(f)
             self.assertEqual(stats["totals"]["stager"]["copies_off"], copy_fast == "no")
+            # The check reads copies' first bytes again from the PFS: counted.
+            checked = stats["totals"]["stager"]["check_bytes"]
+            if copy_fast == "no":
+                self.assertGreater(checked, 0)
+            else:
+                self.assertEqual(checked, 0)
             cached[copy_fast] = stats["cached"]["files"]
         print(f"files cached of {files}: {cached['no']} (fast dataset), {cached['yes']} "
               f"(copy_fast_dataset = yes)")
