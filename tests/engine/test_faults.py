@@ -18,7 +18,7 @@ import threading
 import time
 import unittest
 
-from harness import (AFTER_INDEX, Case, LIBRARY, MONARCH_RUN, PY, READER, SMALL, STAGER,
+from harness import (AFTER_INDEX, BUILD, Case, LIBRARY, MONARCH_RUN, PY, READER, SMALL, STAGER,
                      TEST_USER, Pfs, conf_file, dataset, dataset_bytes, ensure_user, md5_file,
                      parse_epochs, read_dataset, reference, run, stager_pids, tier)
 
@@ -299,6 +299,30 @@ class Faults12(Case):
             self.assertEqual(e["failed"], 0, "a worker died")
             bad = [k for k, v in self.ref.items() if e["files"].get(k) != v]
             self.assertEqual(bad, [], f"epoch {e['epoch']}: wrong bytes")
+
+    def test_no_memory_for_copy_buffers_fails_no_file(self):
+        # The copy threads cannot map their buffers for the job's first
+        # second (a node short of memory): files go back to be copied later,
+        # never failed for good, and readers get the PFS's bytes meanwhile.
+        # (A failed map failed the file for the job, and stage-ahead went on
+        # opening the rest of the dataset on the PFS for nothing.)
+        t = tier(self)
+        report = os.path.join(t, "report.json")
+        shim = os.path.join(BUILD, "tests", "engine", "libmonarch_test_nomem.so")
+        conf = conf_file(self, t, copy_fast_dataset="yes")
+        epochs, p = read_dataset(self.root, "read", epochs=3, prefix=AFTER_INDEX,
+                                 env={"LD_PRELOAD": shim, "MONARCH_TEST_NOMEM_SECONDS": "1"},
+                                 monarch=["--dataset", self.root, "--config", conf, "--keep",
+                                          "--report", report])
+        self.assertSameBytes(epochs, self.ref)
+        with open(report) as f:
+            stats = json.load(f)
+        s = stats["totals"]["stager"]
+        print(f"copies {s['copies']}, copy errors {s['copy_errors']}, cached "
+              f"{stats['cached']['files']} of {len(self.ref)} files")
+        self.assertEqual(s["copy_errors"], 0, p.stderr[-2000:])
+        self.assertGreater(s["copies"], 0, "copies went on once memory came back")
+        self.assertEqual(p.stderr.count("no memory for a copy buffer"), 1, p.stderr[-2000:])
 
     def test_full_tier_kills_no_reader(self):
         mnt = mount_tmpfs(self, "64m")

@@ -1,0 +1,46 @@
+// Test tool (LD_PRELOAD): a node short of memory for a while. Anonymous maps
+// of 1 MiB or more fail with ENOMEM in the stager's copy threads (the
+// threads named monarch-copy) during the first MONARCH_TEST_NOMEM_SECONDS of
+// the process; every other map, thread and process is left alone.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+static double started;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+__attribute__((constructor)) static void init(void) {
+  started = now();
+}
+
+static int refused(size_t len, int flags) {
+  const char* s = getenv("MONARCH_TEST_NOMEM_SECONDS");
+  char name[16] = "";
+  if (!s || !(flags & MAP_ANONYMOUS) || len < (1u << 20)) return 0;
+  prctl(PR_GET_NAME, name, 0, 0, 0);
+  return strcmp(name, "monarch-copy") == 0 && now() - started < atof(s);
+}
+
+void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
+  static void* (*real)(void*, size_t, int, int, int, off_t);
+  if (!real) real = (void* (*)(void*, size_t, int, int, int, off_t))dlsym(RTLD_NEXT, "mmap");
+  if (refused(len, flags)) {
+    errno = ENOMEM;
+    return MAP_FAILED;
+  }
+  return real(addr, len, prot, flags, fd, off);
+}
+
+void* mmap64(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
+  return mmap(addr, len, prot, flags, fd, off);
+}
