@@ -210,6 +210,8 @@ void count_read(FdEntry* e, Source source, ssize_t r, uint64_t ns) {
       // What the job reads from the PFS lets stage-ahead go as far (the copy
       // of a small file read whole is the reader's own: not counted).
       m->header().ahead_touched.fetch_add(uint64_t(r), std::memory_order_relaxed);
+      [[fallthrough]];
+    case Source::kStream:
       add(m, c_pfs_served_reads, 1);
       add(m, c_pfs_served_bytes, r);
       add(m, c_pfs_reads, 1);

@@ -154,7 +154,12 @@ inline void count_local(FdEntry* e, ssize_t r) {
 }
 
 // How a read was answered, for the counters.
-enum class Source { kLocal, kWhole, kPeer, kPfs };
+// Where a read's bytes came from. kStream: what a stdio stream consumed of
+// the PFS file, known only from its position at fclose (its reads are
+// stdio's own): counted, but no evidence for stage-ahead, since a position is
+// not bytes read (a stream seeked to its end, closed again and again, read
+// nothing).
+enum class Source { kLocal, kWhole, kPeer, kPfs, kStream };
 void count_read(FdEntry* e, Source source, ssize_t r, uint64_t ns = 0);
 
 }  // namespace monarch

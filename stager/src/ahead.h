@@ -10,8 +10,8 @@
 // dataset widens the window as it goes, and the copy threads keep the PFS
 // busy (epoch 1 of issue 11's workload); a job that reads a part P once costs
 // the PFS P, twice what its readers read from the PFS besides their copies
-// (large files read ahead of their copy, streams up to their position at
-// fclose: those bytes, and as many copied ahead), and at most the larger of
+// (large files read ahead of their copy; not streams, whose reads are
+// stdio's: those bytes, and as many copied ahead), and at most the larger of
 // the window and P/3, or one file larger than these. The window grows only
 // where the tiers have room for every file the node copies: elsewhere a copy
 // no reader opens takes room a file the job reads then lacks, in every epoch
