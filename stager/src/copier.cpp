@@ -364,6 +364,10 @@ void Copier::sample_tier(const Job& job, const std::string& name) {
     // (the file changes, the tier refuses fadvise) stops reading the PFS.
     if (read_backs_.fetch_add(1) >= 2 * kJudgeFiles * kJudgeWindows) sampling_ = false;
     if (!sampling_ || !read_back(job, name, pfs_ns, tier_ns)) return;
+    if (read_back_cached(job.first_read_ns, pfs_ns)) {
+      count(s_check_cached);
+      return;
+    }
   }
   std::lock_guard lock(judge_mu_);
   if (!sampling_) return;

@@ -43,6 +43,17 @@ TEST(FastFs, AFileNotReadBackCountsAsSlow) {
   EXPECT_FALSE(fast_by_tier({}).fast);
 }
 
+TEST(FastFs, AReadBackFromACacheIsLeftOut) {
+  // The copy's first read of 128 KiB took 2 ms (a disk behind the server);
+  // read back in 0.1 ms, the bytes came from the server's memory: no sample.
+  EXPECT_TRUE(read_back_cached(2'000'000, 100'000));
+  // A local disk: the first read also read the file's metadata (up to 2.6x).
+  EXPECT_FALSE(read_back_cached(260'000, 100'000));
+  EXPECT_FALSE(read_back_cached(400'000, 100'000)) << "4x: still a sample";
+  EXPECT_TRUE(read_back_cached(400'001, 100'000));
+  EXPECT_FALSE(read_back_cached(100'000, 400'000)) << "a slower read back is a sample";
+}
+
 TEST(FastFs, MeanRatesNeedEnoughFilesAndBytes) {
   // 8 opens of 10 us, 8 MiB at 0.2 GB/s a thread.
   uint64_t bytes = 8 << 20, read_ns = uint64_t(double(bytes) / 0.2);
