@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -53,6 +54,24 @@ Copier::Copier(JobMap& map, Placement& placement, CopierOptions options,
   for (auto& b : boost_) b = false;
 }
 
+uint64_t Copier::tiers_room() const {
+  // Tiers on one file system share its free space: their room counts once,
+  // the most any of them has (a lower bound of what they hold together).
+  std::vector<std::pair<dev_t, uint64_t>> devs;
+  for (int t = 0; t < placement_.tiers(); ++t) {
+    struct stat st;
+    dev_t dev = t < int(opt_.tier_fds.size()) && fstat(opt_.tier_fds[t], &st) == 0
+                    ? st.st_dev
+                    : makedev(~0u, unsigned(t));  // unknown: a file system of its own
+    auto it = std::find_if(devs.begin(), devs.end(), [&](const auto& d) { return d.first == dev; });
+    if (it == devs.end()) it = devs.insert(devs.end(), {dev, 0});
+    it->second = std::max(it->second, placement_.room(t));
+  }
+  uint64_t room = 0;
+  for (const auto& d : devs) room += d.second;
+  return room;
+}
+
 Copier::~Copier() {
   stop();
 }
@@ -63,8 +82,9 @@ void Copier::start() {
   // Smaller files first (size_order.h). In a multi-node job, each node
   // stages ahead the files homed on it, then the others' (replicas), and
   // stage-ahead's window may grow where the tiers have room now for the disk
-  // space of every file this node copies from the PFS (in the largest of the
-  // tiers' blocks), less a sixteenth for the file systems' own blocks.
+  // space of every file this node still copies from the PFS (in the largest
+  // of the tiers' blocks; copies adopted from an earlier stager hold theirs
+  // already), less a sixteenth for the file systems' own blocks.
   const Entry* entries = map_.size() ? &map_.entry(0) : nullptr;
   std::vector<bool> own(opt_.peers ? map_.size() : 0);
   uint64_t need = 0, room = 0;
@@ -72,14 +92,15 @@ void Copier::start() {
     bool mine = !opt_.peers || opt_.peers->home(i) < 0;
     if (opt_.peers) own[i] = mine;
     if (!mine) continue;
-    if (opt_.peers && state_of(map_.entry(i).state.load()) == kNone)
-      home_left_ += map_.entry(i).size;
+    FileState st = state_of(map_.entry(i).state.load());
+    if (opt_.peers && st == kNone) home_left_ += map_.entry(i).size;
+    if (st == kCached) continue;
     uint64_t most = 0;
     for (int t = 0; t < placement_.tiers(); ++t)
       most = std::max(most, placement_.footprint(t, map_.entry(i).size));
     need += most;
   }
-  for (int t = 0; t < placement_.tiers(); ++t) room += placement_.room(t);
+  room = tiers_room();
   window_grows_ = room - room / kHomeSlackShare >= need;
   if (opt_.peers) {
     for (int t = 0; t < placement_.tiers(); ++t)
