@@ -49,26 +49,24 @@ Copier::Copier(JobMap& map, Placement& placement, CopierOptions options,
       opt_(std::move(options)),
       counters_(counters),
       asked_once_(map.size()) {
-  for (uint64_t b : opt_.block_sizes) max_block_ = std::max(max_block_, b);
   for (int s = kCopySlots - 1; s >= 0; --s) free_slots_.push_back(s);
   for (auto& b : boost_) b = false;
 }
 
 uint64_t Copier::tiers_room() const {
-  // Tiers on one file system share its free space: their room counts once,
-  // the most any of them has (a lower bound of what they hold together).
-  std::vector<std::pair<dev_t, uint64_t>> devs;
+  // Tiers on one file system share its free space: counted once for them.
+  std::vector<std::pair<dev_t, std::vector<int>>> devs;
   for (int t = 0; t < placement_.tiers(); ++t) {
     struct stat st;
     dev_t dev = t < int(opt_.tier_fds.size()) && fstat(opt_.tier_fds[t], &st) == 0
                     ? st.st_dev
                     : makedev(~0u, unsigned(t));  // unknown: a file system of its own
     auto it = std::find_if(devs.begin(), devs.end(), [&](const auto& d) { return d.first == dev; });
-    if (it == devs.end()) it = devs.insert(devs.end(), {dev, 0});
-    it->second = std::max(it->second, placement_.room(t));
+    if (it == devs.end()) it = devs.insert(devs.end(), {dev, {}});
+    it->second.push_back(t);
   }
   uint64_t room = 0;
-  for (const auto& d : devs) room += d.second;
+  for (const auto& d : devs) room += placement_.room_shared(d.second);
   return room;
 }
 
@@ -235,6 +233,20 @@ void Copier::asked(uint32_t file) {
   if (asked_once_[file] || (opt_.peers && opt_.peers->home(file) >= 0)) return;
   asked_once_[file] = true;
   asked_bytes_ += map_.entry(file).size;
+}
+
+void Copier::note_no_buffer(uint64_t bytes) {
+  count(s_no_buffer);
+  if (!buffer_warned_.exchange(true))
+    spdlog::warn("no memory for a copy buffer of {} bytes: copies wait for it", bytes);
+  std::this_thread::sleep_for(std::chrono::milliseconds(kNoBufferRestMs));
+}
+
+void Copier::no_buffer(Job& job, uint64_t bytes) {
+  note_no_buffer(bytes);
+  std::lock_guard lock(mu_);
+  paused_.push_back(job);
+  cv_.notify_one();
 }
 
 void Copier::unahead(Job& job) {
@@ -577,18 +589,6 @@ std::string Copier::tmp_name(uint32_t file) const {
 }
 
 void Copier::run(Job& job) {
-  // The buffer before the PFS file is opened: without memory the file goes
-  // back to be copied later (never failed for good, which would send every
-  // reader of it to the PFS), and this thread rests a moment instead of
-  // opening the rest of the backlog on the PFS for nothing.
-  if (job.slot < 0 && job.memfd < 0 && !copy_buffer(max_block_)) {
-    if (!buffer_warned_.exchange(true))
-      spdlog::warn("no memory for a copy buffer of {} bytes: copies wait for it", max_block_);
-    abandon(job, kNone);
-    rescan();
-    std::this_thread::sleep_for(std::chrono::milliseconds(kNoBufferRestMs));
-    return;
-  }
   if (job.slot < 0 && !begin(job)) return;
   for (;;) {
     Outcome o = copy_blocks(job);
@@ -630,6 +630,17 @@ bool Copier::begin(Job& job) {
     uint64_t left = home_left_.load();
     while (!home_left_.compare_exchange_weak(left, left - std::min(left, e.size))) {
     }
+  }
+  // The buffer before the PFS file is opened: without memory the job waits
+  // in the paused queue, its file still queued (readers' waits stay bounded
+  // by the stall timeout), never failed for good, which would send every
+  // reader of it to the PFS and let stage-ahead open the whole backlog.
+  if (job.tier >= 0 && job.memfd < 0 && !copy_buffer(opt_.block_sizes[job.tier])) {
+    uint64_t block = opt_.block_sizes[job.tier];
+    placement_.release(job.tier, e.size);
+    job.tier = -1;
+    no_buffer(job, block);
+    return false;
   }
   if (job.tier < 0) {
     if (home && opt_.peers)
@@ -711,12 +722,9 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
   const Entry& e = map_.entry(job.file);
   uint64_t block = opt_.block_sizes[job.tier];
   char* buf = job.memfd < 0 ? copy_buffer(block) : nullptr;
-  if (job.memfd < 0 && !buf) {  // a paused copy whose buffer went back: later
-    if (!buffer_warned_.exchange(true))
-      spdlog::warn("no memory for a copy buffer of {} bytes: copies wait for it", block);
-    abandon(job, kNone);
-    rescan();
-    return Outcome::kDone;
+  if (job.memfd < 0 && !buf) {  // a paused copy whose buffer went back: paused again
+    note_no_buffer(block);
+    return Outcome::kPaused;
   }
   CopySlot& slot = map_.header().copies[job.slot];
   for (;;) {

@@ -154,7 +154,10 @@ class Copier {
   // This thread's buffer of at least `n` bytes: a copy's blocks, and a copy
   // read back (after the copy is done). nullptr when there is no memory.
   static char* copy_buffer(uint64_t n);
-  uint64_t max_block_ = 0;  // the largest tier's block: a copy thread's buffer
+  // No memory for a copy buffer of `bytes`: counted, said once, and this
+  // thread rests a moment; no_buffer() then parks `job` in the paused queue.
+  void note_no_buffer(uint64_t bytes);
+  void no_buffer(Job& job, uint64_t bytes);
   std::atomic<bool> buffer_warned_{false};
   static constexpr int kNoBufferRestMs = 100;
   void judge_the_pfs();

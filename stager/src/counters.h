@@ -63,6 +63,7 @@ namespace monarch {
   X(pfs_read_ns, "time spent in those reads")                                             \
   X(check_bytes, "bytes read again from the PFS by the fast-file-system check")           \
   X(check_cached, "copies the check left out: the PFS read back came from a cache")       \
+  X(no_buffer, "times a copy waited: no memory for its buffer")                           \
   X(handoffs, "files written from bytes a reader had read whole")                         \
   X(handoff_bytes, "bytes of those files")                                                \
   X(adopted, "copies found from an earlier stager of this job and kept")                  \

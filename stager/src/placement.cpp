@@ -69,6 +69,18 @@ uint64_t Placement::room(int t) const {
   return room_locked(t);
 }
 
+uint64_t Placement::room_shared(const std::vector<int>& ts) const {
+  std::lock_guard lock(mu_);
+  if (ts.empty()) return 0;
+  uint64_t quota = 0, taken = reserve_;
+  for (int t : ts) {
+    if (!full_[t] && used_[t] < tiers_[t].quota) quota += tiers_[t].quota - used_[t];
+    taken += inflight_[t];
+  }
+  uint64_t free = free_bytes_(ts.front());
+  return std::min(quota, free > taken ? free - taken : 0);
+}
+
 uint64_t Placement::used(int t) const {
   std::lock_guard lock(mu_);
   return used_[t];

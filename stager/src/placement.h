@@ -43,6 +43,9 @@ class Placement {
   // Bytes of disk space tier t can take now: its quota left, within its file
   // system's free space.
   uint64_t room(int t) const;
+  // The room of tiers `ts` that share one file system: their quotas left
+  // together, within its free space counted once.
+  uint64_t room_shared(const std::vector<int>& ts) const;
 
   int tiers() const { return int(tiers_.size()); }
   uint64_t quota(int t) const { return tiers_[t].quota; }

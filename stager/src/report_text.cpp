@@ -169,7 +169,11 @@ std::string summary_text(const std::string& json) {
     << " reads, " << human_bytes(t.pfs_bytes) << " (the job " << count(t.job_pfs_opens) << ", "
     << count(t.job_pfs_reads) << ", " << human_bytes(t.job_pfs_bytes) << "; the stager's copies "
     << count(t.pfs_opens - t.job_pfs_opens) << ", " << count(t.pfs_reads - t.job_pfs_reads) << ", "
-    << human_bytes(t.stager_pfs_bytes) << ")\n";
+    << human_bytes(t.stager_pfs_bytes);
+  // The rest of the bytes: the fast-file-system check read copies' first bytes again.
+  if (double check = t.pfs_bytes - t.job_pfs_bytes - t.stager_pfs_bytes; check > 0)
+    o << "; the file system check " << human_bytes(check);
+  o << ")\n";
   for (const EpochFigures& e : epochs_to_show(f.epochs)) {
     const Traffic& x = e.traffic;
     if (e.number < 0)
