@@ -23,7 +23,7 @@ int Placement::reserve(uint64_t size, uint64_t keep) {
   std::vector<uint64_t> room(tiers());
   uint64_t total = 0;
   for (int t = 0; t < tiers(); ++t) {
-    room[t] = room_locked(t);
+    room[t] = room_locked({&t, 1});
     total += room[t];
   }
   for (int t = 0; t < tiers(); ++t) {
@@ -58,27 +58,26 @@ void Placement::mark_full(int t) {
   full_[t] = true;
 }
 
-uint64_t Placement::room_locked(int t) const {
-  if (full_[t] || used_[t] >= tiers_[t].quota) return 0;
-  uint64_t free = free_bytes_(t), taken = inflight_[t] + reserve_;
-  return std::min(tiers_[t].quota - used_[t], free > taken ? free - taken : 0);
-}
-
-uint64_t Placement::room(int t) const {
-  std::lock_guard lock(mu_);
-  return room_locked(t);
-}
-
-uint64_t Placement::room_shared(const std::vector<int>& ts) const {
-  std::lock_guard lock(mu_);
+uint64_t Placement::room_locked(std::span<const int> ts) const {
   if (ts.empty()) return 0;
   uint64_t quota = 0, taken = reserve_;
   for (int t : ts) {
     if (!full_[t] && used_[t] < tiers_[t].quota) quota += tiers_[t].quota - used_[t];
     taken += inflight_[t];
   }
+  if (quota == 0) return 0;
   uint64_t free = free_bytes_(ts.front());
   return std::min(quota, free > taken ? free - taken : 0);
+}
+
+uint64_t Placement::room(int t) const {
+  std::lock_guard lock(mu_);
+  return room_locked({&t, 1});
+}
+
+uint64_t Placement::room_shared(std::span<const int> ts) const {
+  std::lock_guard lock(mu_);
+  return room_locked(ts);
 }
 
 uint64_t Placement::used(int t) const {

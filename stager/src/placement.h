@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <vector>
 
 namespace monarch {
@@ -45,7 +46,7 @@ class Placement {
   uint64_t room(int t) const;
   // The room of tiers `ts` that share one file system: their quotas left
   // together, within its free space counted once.
-  uint64_t room_shared(const std::vector<int>& ts) const;
+  uint64_t room_shared(std::span<const int> ts) const;
 
   int tiers() const { return int(tiers_.size()); }
   uint64_t quota(int t) const { return tiers_[t].quota; }
@@ -53,7 +54,7 @@ class Placement {
   bool full(int t) const;
 
  private:
-  uint64_t room_locked(int t) const;  // REQUIRES mu_
+  uint64_t room_locked(std::span<const int> ts) const;  // REQUIRES mu_: room_shared
   std::vector<Tier> tiers_;
   std::function<uint64_t(int)> free_bytes_;
   uint64_t reserve_;

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <span>
+#include <vector>
+
 #include "placement.h"
 
 namespace monarch {
@@ -50,16 +53,17 @@ TEST(Placement, RespectsRealFreeSpaceAndInflightCopies) {
 
 TEST(Placement, TiersOnOneFileSystemShareItsRoom) {
   // Two tiers on one file system of 10000 bytes free (less 1000 kept free).
+  const std::vector<int> both{0, 1};
   Placement p(
       {{6000, 1}, {6000, 1}}, [](int) { return uint64_t(10000); }, 1000);
   EXPECT_EQ(p.room(0) + p.room(1), 12000u) << "each tier alone sees all the free space";
-  EXPECT_EQ(p.room_shared({0, 1}), 9000u) << "together: the free space, once";
+  EXPECT_EQ(p.room_shared(both), 9000u) << "together: the free space, once";
   Placement small(
       {{2000, 1}, {3000, 1}}, [](int) { return uint64_t(10000); }, 1000);
-  EXPECT_EQ(small.room_shared({0, 1}), 5000u) << "together: their quotas";
+  EXPECT_EQ(small.room_shared(both), 5000u) << "together: their quotas";
   EXPECT_EQ(small.reserve(1500), 0);
-  EXPECT_EQ(small.room_shared({0, 1}), 3500u) << "less what is placed";
-  EXPECT_EQ(small.room_shared({}), 0u);
+  EXPECT_EQ(small.room_shared(both), 3500u) << "less what is placed";
+  EXPECT_EQ(small.room_shared(std::span<const int>()), 0u);
 }
 
 TEST(Placement, AdoptedCopiesCount) {
