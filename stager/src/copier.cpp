@@ -6,7 +6,6 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -53,23 +52,6 @@ Copier::Copier(JobMap& map, Placement& placement, CopierOptions options,
   for (auto& b : boost_) b = false;
 }
 
-uint64_t Copier::tiers_room() const {
-  // Tiers on one file system share its free space: counted once for them.
-  std::vector<std::pair<dev_t, std::vector<int>>> devs;
-  for (int t = 0; t < placement_.tiers(); ++t) {
-    struct stat st;
-    dev_t dev = t < int(opt_.tier_fds.size()) && fstat(opt_.tier_fds[t], &st) == 0
-                    ? st.st_dev
-                    : makedev(~0u, unsigned(t));  // unknown: a file system of its own
-    auto it = std::find_if(devs.begin(), devs.end(), [&](const auto& d) { return d.first == dev; });
-    if (it == devs.end()) it = devs.insert(devs.end(), {dev, {}});
-    it->second.push_back(t);
-  }
-  uint64_t room = 0;
-  for (const auto& d : devs) room += placement_.room_shared(d.second);
-  return room;
-}
-
 Copier::~Copier() {
   stop();
 }
@@ -98,7 +80,7 @@ void Copier::start() {
       most = std::max(most, placement_.footprint(t, map_.entry(i).size));
     need += most;
   }
-  room = tiers_room();
+  room = placement_.room_all();
   window_grows_ = room - room / kHomeSlackShare >= need;
   if (opt_.peers) {
     for (int t = 0; t < placement_.tiers(); ++t)

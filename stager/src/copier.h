@@ -210,8 +210,6 @@ class Copier {
   // bytes it did not read from the PFS leave ahead_bytes_ (those it read stay:
   // the window bounds what stage-ahead reads for nothing too). Takes mu_.
   void unahead(Job& job);
-  // The room the tiers have now (Placement::room), each file system's once.
-  uint64_t tiers_room() const;
   // Whether the window may grow past the setting: the tiers have room for
   // every file this node copies (ahead.h). Set by start().
   bool window_grows_ = false;

@@ -1,14 +1,14 @@
 // Placement: which node-local tier a file goes to. Tiers are filled top-down,
 // nothing is ever evicted (the seed's 4.1.2: under a random order every file is
 // read once an epoch, so eviction only adds PFS reads). A tier has room for a
-// file when both its quota and its file system's real free space allow it.
+// file when both its quota and its file system's real free space allow it;
+// tiers on one file system share its free space, counted once.
 // Pure logic: the free space comes from a callback, so tests need no disk.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <mutex>
-#include <span>
 #include <vector>
 
 namespace monarch {
@@ -16,8 +16,9 @@ namespace monarch {
 class Placement {
  public:
   struct Tier {
-    uint64_t quota;  // bytes of disk space, counted in whole blocks
-    uint64_t block;  // allocation unit of its file system (statvfs f_frsize)
+    uint64_t quota;   // bytes of disk space, counted in whole blocks
+    uint64_t block;   // allocation unit of its file system (statvfs f_frsize)
+    uint64_t fs = 0;  // its file system (st_dev + 1): tiers on one share its free space; 0: its own
   };
   // free_bytes(t): bytes an unprivileged writer may still use on tier t's file
   // system (statvfs f_bavail * f_frsize). reserve: bytes always left free.
@@ -44,9 +45,9 @@ class Placement {
   // Bytes of disk space tier t can take now: its quota left, within its file
   // system's free space.
   uint64_t room(int t) const;
-  // The room of tiers `ts` that share one file system: their quotas left
-  // together, within its free space counted once.
-  uint64_t room_shared(std::span<const int> ts) const;
+  // Bytes of disk space all tiers can take now: for the tiers on each file
+  // system, their quotas left together, within its free space counted once.
+  uint64_t room_all() const;
 
   int tiers() const { return int(tiers_.size()); }
   uint64_t quota(int t) const { return tiers_[t].quota; }
@@ -54,7 +55,12 @@ class Placement {
   bool full(int t) const;
 
  private:
-  uint64_t room_locked(std::span<const int> ts) const;  // REQUIRES mu_: room_shared
+  // REQUIRES mu_: a tier's quota left; the free space left on file system
+  // `g` (less the copies in flight to any tier on it, and the reserve).
+  uint64_t quota_left_locked(int t) const;
+  uint64_t free_left_locked(int g) const;
+  uint64_t room_locked(int t) const;  // REQUIRES mu_
+  uint64_t room_all_locked() const;   // REQUIRES mu_
   std::vector<Tier> tiers_;
   std::function<uint64_t(int)> free_bytes_;
   uint64_t reserve_;
@@ -62,6 +68,8 @@ class Placement {
   std::vector<uint64_t> used_;      // complete and reserved bytes
   std::vector<uint64_t> inflight_;  // reserved, not yet written
   std::vector<bool> full_;
+  std::vector<std::vector<int>> by_fs_;  // the tiers, grouped by file system
+  std::vector<int> group_;               // each tier's group in by_fs_
 };
 
 }  // namespace monarch

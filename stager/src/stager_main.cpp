@@ -258,7 +258,9 @@ struct Stager {
       if (statx(tier_fds[t], "", AT_EMPTY_PATH, STATX_BASIC_STATS, &sx) == 0 &&
           (sx.stx_attributes_mask & sx.stx_attributes & STATX_ATTR_MOUNT_ROOT))
         quota = uint64_t(vfs.f_blocks) * vfs.f_frsize;
-      tiers.push_back({quota, vfs.f_frsize});
+      struct stat dir;
+      uint64_t fs = fstat(tier_fds[t], &dir) == 0 ? uint64_t(dir.st_dev) + 1 : 0;
+      tiers.push_back({quota, vfs.f_frsize, fs});
       // Temporary files of an earlier stager of this job are incomplete copies.
       remove_tree_at(tier_fds[t], kTmpDir);
       mkdirat(tier_fds[t], kTmpDir, 0700);

@@ -1,8 +1,5 @@
 #include <gtest/gtest.h>
 
-#include <span>
-#include <vector>
-
 #include "placement.h"
 
 namespace monarch {
@@ -52,18 +49,25 @@ TEST(Placement, RespectsRealFreeSpaceAndInflightCopies) {
 }
 
 TEST(Placement, TiersOnOneFileSystemShareItsRoom) {
-  // Two tiers on one file system of 10000 bytes free (less 1000 kept free).
-  const std::vector<int> both{0, 1};
-  Placement p(
-      {{6000, 1}, {6000, 1}}, [](int) { return uint64_t(10000); }, 1000);
-  EXPECT_EQ(p.room(0) + p.room(1), 12000u) << "each tier alone sees all the free space";
-  EXPECT_EQ(p.room_shared(both), 9000u) << "together: the free space, once";
-  Placement small(
-      {{2000, 1}, {3000, 1}}, [](int) { return uint64_t(10000); }, 1000);
-  EXPECT_EQ(small.room_shared(both), 5000u) << "together: their quotas";
-  EXPECT_EQ(small.reserve(1500), 0);
-  EXPECT_EQ(small.room_shared(both), 3500u) << "less what is placed";
-  EXPECT_EQ(small.room_shared(std::span<const int>()), 0u);
+  // Two tiers on one file system (7) of 10000 bytes free, less 1000 kept free.
+  uint64_t free_space = 10000;
+  auto free_bytes = [&](int) { return free_space; };
+  Placement p({{6000, 1, 7}, {6000, 1, 7}}, free_bytes, 1000);
+  EXPECT_EQ(p.room(0), 6000u) << "its quota, within the free space";
+  EXPECT_EQ(p.room_all(), 9000u) << "together: the free space, once";
+  Placement apart({{6000, 1}, {6000, 1}}, free_bytes, 1000);
+  EXPECT_EQ(apart.room_all(), 12000u) << "file systems of their own (fs 0)";
+  Placement small({{2000, 1, 7}, {3000, 1, 7}}, free_bytes, 1000);
+  EXPECT_EQ(small.room_all(), 5000u) << "together: their quotas";
+  // A copy in flight to one tier takes the free space of both.
+  EXPECT_EQ(p.reserve(5000), 0);
+  EXPECT_EQ(p.room(1), 4000u) << "the file system's free space less the copy in flight";
+  EXPECT_EQ(p.room_all(), 4000u);
+  EXPECT_EQ(p.reserve(4500), -1) << "5000 in flight + 4500 + 1000 > 10000 on one file system";
+  // The room kept for files homed here counts the file system once.
+  Placement q({{6000, 1, 7}, {6000, 1, 7}}, free_bytes, 1000);
+  EXPECT_EQ(q.reserve(3000, 6001), -1) << "9000 - 3000 < 6001";
+  EXPECT_EQ(q.reserve(3000, 6000), 0);
 }
 
 TEST(Placement, AdoptedCopiesCount) {
