@@ -67,7 +67,7 @@ void Copier::start() {
   // already), less a sixteenth for the file systems' own blocks.
   const Entry* entries = map_.size() ? &map_.entry(0) : nullptr;
   std::vector<bool> own(opt_.peers ? map_.size() : 0);
-  uint64_t need = 0, room = 0;
+  uint64_t need = 0;
   for (uint32_t i = 0; i < map_.size(); ++i) {
     bool mine = !opt_.peers || opt_.peers->home(i) < 0;
     if (opt_.peers) own[i] = mine;
@@ -80,7 +80,7 @@ void Copier::start() {
       most = std::max(most, placement_.footprint(t, map_.entry(i).size));
     need += most;
   }
-  room = placement_.room_all();
+  uint64_t room = placement_.room_all();
   window_grows_ = room - room / kHomeSlackShare >= need;
   if (opt_.peers) {
     for (int t = 0; t < placement_.tiers(); ++t)
@@ -617,8 +617,8 @@ bool Copier::begin(Job& job) {
   // in the paused queue, its file still queued (readers' waits stay bounded
   // by the stall timeout), never failed for good, which would send every
   // reader of it to the PFS and let stage-ahead open the whole backlog.
-  if (job.tier >= 0 && job.memfd < 0 && !copy_buffer(opt_.block_sizes[job.tier])) {
-    uint64_t block = opt_.block_sizes[job.tier];
+  if (uint64_t block = job.tier >= 0 ? opt_.block_sizes[job.tier] : 0;
+      block && job.memfd < 0 && !copy_buffer(block)) {
     placement_.release(job.tier, e.size);
     job.tier = -1;
     no_buffer(job, block);

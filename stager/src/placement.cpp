@@ -32,8 +32,7 @@ uint64_t Placement::footprint(int t, uint64_t size) const {
 int Placement::reserve(uint64_t size, uint64_t keep) {
   std::lock_guard lock(mu_);
   std::vector<uint64_t> room(tiers());
-  for (int t = 0; t < tiers(); ++t) room[t] = room_locked(t);
-  uint64_t total = room_all_locked();
+  uint64_t total = room_all_locked(&room);
   for (int t = 0; t < tiers(); ++t) {
     uint64_t need = footprint(t, size);
     if (room[t] < need || total - need < keep) continue;
@@ -82,12 +81,16 @@ uint64_t Placement::room_locked(int t) const {
   return quota ? std::min(quota, free_left_locked(group_[t])) : 0;
 }
 
-uint64_t Placement::room_all_locked() const {
+uint64_t Placement::room_all_locked(std::vector<uint64_t>* per_tier) const {
   uint64_t room = 0;
   for (int g = 0; g < int(by_fs_.size()); ++g) {
-    uint64_t quota = 0;
-    for (int t : by_fs_[g]) quota += quota_left_locked(t);
-    if (quota) room += std::min(quota, free_left_locked(g));
+    uint64_t quota = 0, free = free_left_locked(g);  // one statvfs a file system
+    for (int t : by_fs_[g]) {
+      uint64_t left = quota_left_locked(t);
+      quota += left;
+      if (per_tier) (*per_tier)[t] = std::min(left, free);
+    }
+    room += std::min(quota, free);
   }
   return room;
 }

@@ -60,7 +60,8 @@ class Placement {
   uint64_t quota_left_locked(int t) const;
   uint64_t free_left_locked(int g) const;
   uint64_t room_locked(int t) const;  // REQUIRES mu_
-  uint64_t room_all_locked() const;   // REQUIRES mu_
+  // REQUIRES mu_: the room of all tiers, and each one's in `per_tier`.
+  uint64_t room_all_locked(std::vector<uint64_t>* per_tier = nullptr) const;
   std::vector<Tier> tiers_;
   std::function<uint64_t(int)> free_bytes_;
   uint64_t reserve_;
