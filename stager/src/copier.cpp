@@ -17,7 +17,6 @@
 #include <unordered_set>
 
 #include "ahead.h"
-#include "request_size.h"
 
 namespace monarch {
 namespace {
@@ -734,8 +733,7 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
         // pages of all the buffer it is given, 4 MiB a thread for files of a
         // few KiB (on FUSE, 1 MiB a request).
         uint64_t t0 = monotonic_ns();
-        uint64_t want = request_size(job.done, e.size, block);
-        n = pread(job.src, buf, std::min<uint64_t>(want, e.size - job.done + 1), off_t(job.done));
+        n = pread(job.src, buf, std::min<uint64_t>(block, e.size - job.done + 1), off_t(job.done));
         if (n > 0) {
           uint64_t ns = monotonic_ns() - t0;
           count(s_pfs_reads);
