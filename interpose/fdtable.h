@@ -153,12 +153,11 @@ inline void count_local(FdEntry* e, ssize_t r) {
   add(s, c_tier_bytes + e->tier, uint64_t(r));
 }
 
-// How a read was answered, for the counters.
-// Where a read's bytes came from. kStream: what a stdio stream consumed of
-// the PFS file, known only from its position at fclose (its reads are
-// stdio's own): counted, but no evidence for stage-ahead, since a position is
-// not bytes read (a stream seeked to its end, closed again and again, read
-// nothing).
+// Where a read's bytes came from, for the counters. kStream: what a stdio
+// stream consumed of the PFS file, known only from its position at fclose
+// (its reads are stdio's own): counted, but no evidence for stage-ahead,
+// since a position is not bytes read (a stream seeked to its end, closed
+// again and again, read nothing).
 enum class Source { kLocal, kWhole, kPeer, kPfs, kStream };
 void count_read(FdEntry* e, Source source, ssize_t r, uint64_t ns = 0);
 
