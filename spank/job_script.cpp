@@ -94,7 +94,10 @@ void stop_stager(const JobEnd& end) {
 // above that bound gets one line in <dir>/monarch-<key>.txt instead.
 void run_report(const JobEnd& end) {
   const JobRecord& r = *end.record;
-  if (r.user.empty()) return;  // a damaged record: no identity to write as
+  if (r.damaged) {
+    log_error(end.key + ": no report: its record is damaged, so there is no identity to write as");
+    return;
+  }
   std::string dir = report_dir(end.config);
   std::string stats = job_dir(end.config.tiers[0], end.key) + "/" + kStatsName;
   if (dir.empty()) {
@@ -115,7 +118,7 @@ void run_report(const JobEnd& end) {
               tier.root_path + "/" + space_name(end.key));
     return;
   }
-  User user{.uid = r.uid, .gid = r.gid, .groups = r.groups, .name = r.user, .home = r.home};
+  User user{.uid = r.uid, .gid = r.gid, .groups = r.groups, .home = "/"};
   ChildSetup setup{.user = &user,
                    .limits = {{RLIMIT_AS, kReportMemory, kReportMemory},
                               {RLIMIT_CPU, kReportTimeout, kReportTimeout},

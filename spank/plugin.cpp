@@ -154,9 +154,6 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
     switch (spank_context()) {
       case S_CTX_REMOTE:
         return remote_init_post_opt(sp);
-      case S_CTX_LOCAL:
-      case S_CTX_ALLOCATOR:
-        return submit_post_opt();
       default:
         return 0;
     }

@@ -94,15 +94,17 @@ void reset_signals() {
 }
 
 // Becomes the user for good: supplementary groups, then real, effective and
-// saved gid and uid, checked afterwards, with no way back to root.
+// saved gid and uid, checked afterwards, with no way back to root. Never
+// uid 0: nothing the plugin runs for a job runs as root.
 bool become(const User& u) {
+  if (u.uid == 0) return false;
   if (setgroups(u.groups.size(), u.groups.data()) != 0) return false;
   if (setresgid(u.gid, u.gid, u.gid) != 0 || setresuid(u.uid, u.uid, u.uid) != 0) return false;
   uid_t r, e, s;
   gid_t rg, eg, sg;
   if (getresuid(&r, &e, &s) != 0 || r != u.uid || e != u.uid || s != u.uid) return false;
   if (getresgid(&rg, &eg, &sg) != 0 || rg != u.gid || eg != u.gid || sg != u.gid) return false;
-  if (u.uid != 0 && (setuid(0) == 0 || seteuid(0) == 0)) return false;
+  if (setuid(0) == 0 || seteuid(0) == 0) return false;
   return true;
 }
 
@@ -169,19 +171,22 @@ void set_up_child(const ChildSetup& s, const Prepared& p, int err) {
   // Out of the way of 0-3 first: dup2 onto them then clears close-on-exec.
   int out = s.out >= 0 ? fcntl(s.out, F_DUPFD_CLOEXEC, 10) : -1;
   int keep = s.keep >= 0 ? fcntl(s.keep, F_DUPFD_CLOEXEC, 10) : -1;
-  int null = open("/dev/null", O_RDWR);  // above 3 it goes with close_range
+  int keep2 = s.keep2 >= 0 ? fcntl(s.keep2, F_DUPFD_CLOEXEC, 10) : -1;
+  int null = open("/dev/null", O_RDWR);  // above 4 it goes with close_range
   if (out < 0) out = null;
   if (null < 0 || dup2(null, 0) != 0 || dup2(out, 1) != 1 || dup2(out, 2) != 2 ||
-      (s.keep >= 0 && (keep < 0 || dup2(keep, 3) != 3)))
+      (s.keep >= 0 && (keep < 0 || dup2(keep, 3) != 3)) ||
+      (s.keep2 >= 0 && (keep2 < 0 || dup2(keep2, 4) != 4)))
     fail(err, "cannot set up the child's descriptors");
-  close_range(s.keep >= 0 ? 4 : 3, ~0U, 0);
+  close_range(s.keep2 >= 0 ? 5 : s.keep >= 0 ? 4 : 3, ~0U, 0);
 }
 
 // The launcher: the child of start_stager, as the user, with the caller's
-// pipe on descriptor 3. Says one of "running", "started", "ready",
-// "timeout", "exited" or "error: ..." there, and exits.
+// pipe on descriptor 3 and the job's key, if any, readable on descriptor 4
+// (the stager's --key-fd). Says one of "running", "started", "ready",
+// "timeout", "exited" or "error: ..." on 3, and exits.
 [[noreturn]] void launcher(char** argv, char** envp, const char* lock_path, bool wait,
-                           unsigned timeout_s) {
+                           unsigned timeout_s, bool key) {
   // Checked as the user: a stager of this job holds this lock while it runs.
   // A stager that has exited may hold it a moment longer (its threads still
   // exiting after its main thread is a zombie): that one is waited for,
@@ -227,12 +232,13 @@ void set_up_child(const ChildSetup& s, const Prepared& p, int err) {
     } else {
       close(3);
     }
-    close_range(4, ~0U, 0);
+    close_range(key ? 5 : 4, ~0U, 0);
     execve(argv[0], argv, envp);
     say(3, "error: cannot execute the stager\n");
     _exit(127);
   }
   close(q[1]);
+  if (key) close(4);
   if (!wait) {
     say(3, "started\n");
     _exit(0);
@@ -278,8 +284,9 @@ void set_up_child(const ChildSetup& s, const Prepared& p, int err) {
 }  // namespace
 
 std::vector<std::string> user_environment(const User& user) {
-  return {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + user.home, "USER=" + user.name,
-          "LOGNAME=" + user.name};
+  std::vector<std::string> env{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + user.home};
+  if (!user.name.empty()) env.insert(env.end(), {"USER=" + user.name, "LOGNAME=" + user.name});
+  return env;
 }
 
 pid_t fork_as_user(const ChildSetup& setup, int error_fd) {
@@ -296,16 +303,35 @@ StagerStart start_stager(const StagerLaunch& launch) {
   std::vector<std::string> argv{launch.program, "--job", launch.key};
   argv.insert(argv.end(), launch.args.begin(), launch.args.end());
   if (wait) argv.insert(argv.end(), {"--ready-fd", "3"});
+  bool key = !launch.secret.empty();
+  if (key) argv.insert(argv.end(), {"--key-fd", "4"});
   CArray args(argv), env(launch.env);
 
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0)
     return {StagerState::kFailed, std::string("cannot make a pipe: ") + std::strerror(errno)};
   Fd from_child(p[0]), to_parent(p[1]);
+  // The key waits in a pipe of its own, whole before the stager exists (a
+  // pipe holds far more than a key): nobody else can read it there, and it
+  // never enters an environment or a command line.
+  Fd key_read;
+  if (key) {
+    int k[2];
+    if (pipe2(k, O_CLOEXEC) != 0)
+      return {StagerState::kFailed, std::string("cannot make a pipe: ") + std::strerror(errno)};
+    key_read = Fd(k[0]);
+    Fd key_write(k[1]);
+    std::string line = launch.secret + "\n";
+    if (write(key_write.get(), line.data(), line.size()) != ssize_t(line.size()))
+      return {StagerState::kFailed, std::string("cannot pass the key: ") + std::strerror(errno)};
+  }
   ChildSetup setup = launch.setup;
   setup.keep = to_parent.get();
+  setup.keep2 = key_read.get();
   pid_t child = fork_as_user(setup, to_parent.get());
-  if (child == 0) launcher(args.get(), env.get(), launch.lock_path.c_str(), wait, launch.timeout_s);
+  if (child == 0)
+    launcher(args.get(), env.get(), launch.lock_path.c_str(), wait, launch.timeout_s, key);
+  key_read.reset();
   to_parent.reset();
   if (child < 0) return {StagerState::kFailed, std::string("cannot fork: ") + std::strerror(errno)};
 

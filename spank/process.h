@@ -17,13 +17,14 @@
 
 namespace monarch::spank {
 
-// Who the job runs as. Everything the plugin runs for a job runs as this
-// user: real, effective and saved uid and gid, and the supplementary groups.
+// Who the job runs as, as Slurm gives it. Everything the plugin runs for a
+// job runs as this user (real, effective and saved uid and gid, and the
+// supplementary groups), and never as uid 0.
 struct User {
   uid_t uid = 0;
   gid_t gid = 0;
   std::vector<gid_t> groups;  // supplementary groups, the primary one included
-  std::string name, home;     // for the environment only: USER, LOGNAME, HOME
+  std::string name, home;     // for the environment only: USER and LOGNAME (none if empty), HOME
 };
 
 // A minimal environment for a program run for the user.
@@ -48,8 +49,9 @@ struct ChildSetup {
   std::string cgroup_record;        // root's file that gets the joined dirs, one a line ("": none)
   std::vector<Limit> limits;
   mode_t umask = 077;
-  int out = -1;   // stdout and stderr; -1: /dev/null
-  int keep = -1;  // kept open as descriptor 3; -1: none
+  int out = -1;    // stdout and stderr; -1: /dev/null
+  int keep = -1;   // kept open as descriptor 3; -1: none
+  int keep2 = -1;  // kept open as descriptor 4 (needs keep); -1: none
 };
 
 // Forks a child that: takes root back if the caller runs with a user's
@@ -67,6 +69,7 @@ struct StagerLaunch {
   std::string key;                // the job key, given as --job: names the job's directories
   std::vector<std::string> args;  // the others
   std::vector<std::string> env;
+  std::string secret;       // the job's key (job_key.h), written to the stager's --key-fd 4
   std::string lock_path;    // <tier0>/monarch-<key>/stager.lock: held while a stager runs
   unsigned timeout_s = 30;  // 0: do not wait for the stager's answer
   ChildSetup setup;         // user, cgroups, limits, umask

@@ -5,9 +5,11 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 
@@ -33,12 +35,81 @@ std::string read_small(int dirfd, const std::string& name, bool& found) {
   return text;
 }
 
-bool parse_number(const std::string& v, unsigned long long& out, int base = 10) {
-  if (v.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  out = std::strtoull(v.c_str(), &end, base);
-  return !errno && *end == 0;
+// Names in the order they are written; every one is required, once.
+constexpr const char* kFields[] = {"version", "key",   "space", "uid",      "gid",
+                                   "groups",  "umask", "boot",  "restarts", "mount_id"};
+constexpr size_t kMaxGroups = 65536;  // NGROUPS_MAX
+
+// Decimal digits only (no sign, space or leading zero), at most `max`.
+bool parse_decimal(std::string_view v, uint64_t max, uint64_t& out) {
+  if (v.empty() || v.size() > 20 || (v.size() > 1 && v[0] == '0')) return false;
+  uint64_t n = 0;
+  for (char c : v) {
+    if (c < '0' || c > '9') return false;
+    uint64_t d = uint64_t(c - '0');
+    if (n > (max - d) / 10) return false;
+    n = n * 10 + d;
+  }
+  out = n;
+  return true;
+}
+
+bool parse_id(std::string_view v, uint32_t& out) {
+  uint64_t n;
+  // (uid_t)-1 names nobody: chown and setresuid read it as "leave alone".
+  if (!parse_decimal(v, 0xfffffffe, n)) return false;
+  out = uint32_t(n);
+  return true;
+}
+
+bool parse_groups(std::string_view v, std::vector<gid_t>& out) {
+  for (size_t at = 0; at <= v.size();) {
+    size_t comma = std::min(v.find(',', at), v.size());
+    uint32_t g;
+    if (!parse_id(v.substr(at, comma - at), g) || out.size() >= kMaxGroups) return false;
+    out.push_back(g);
+    at = comma + 1;
+  }
+  return true;
+}
+
+// The kernel's boot id: a UUID.
+bool valid_boot(std::string_view v) {
+  if (v.size() != 36) return false;
+  for (size_t i = 0; i < v.size(); ++i) {
+    bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    char c = v[i];
+    if (dash ? c != '-' : !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// One name=value line into `r`; false when the line is not as written.
+bool parse_field(std::string_view name, std::string_view value, const std::string& key,
+                 JobRecord& r) {
+  uint64_t n = 0;
+  uint32_t id = 0;
+  if (name == "version") return value == "2";
+  if (name == "key") return value == key;
+  if (name == "space") {
+    if (value != "image" && value != "directory") return false;
+    r.space = value == "image" ? JobSpace::kImage : JobSpace::kDirectory;
+    return true;
+  }
+  if (name == "uid") return parse_id(value, id) && id != 0 && (r.uid = id, true);
+  if (name == "gid") return parse_id(value, id) && (r.gid = id, true);
+  if (name == "groups") return parse_groups(value, r.groups);
+  if (name == "umask") {
+    if (value.size() != 4 || value[0] != '0') return false;
+    for (char c : value.substr(1))
+      if (c < '0' || c > '7') return false;
+    r.umask = mode_t(((value[1] - '0') << 6) | ((value[2] - '0') << 3) | (value[3] - '0'));
+    return true;
+  }
+  if (name == "boot") return valid_boot(value) && (r.boot = value, true);
+  if (name == "restarts") return parse_decimal(value, UINT32_MAX, n) && (r.restarts = n, true);
+  if (name == "mount_id") return parse_decimal(value, UINT64_MAX, n) && (r.mount_id = n, true);
+  return false;
 }
 
 }  // namespace
@@ -47,21 +118,61 @@ std::string cgroup_record_name(const std::string& key) {
   return key + kCgroupSuffix;
 }
 
-void write_record(int jobs_fd, const JobRecord& r) {
-  std::ostringstream o;
-  o << "# What the Monarch Slurm plugin made for this job on this tier (root's; do not edit)\n"
-    << "version=1\n"
-    << "key=" << r.key << "\n"
-    << "space=" << (r.space == JobSpace::kImage ? "image" : "directory") << "\n"
-    << "uid=" << r.uid << "\n"
-    << "gid=" << r.gid << "\n"
-    << "groups=";
-  for (size_t i = 0; i < r.groups.size(); ++i) o << (i ? "," : "") << r.groups[i];
+std::string record_text(const JobRecord& r) {
+  std::string groups;
+  for (gid_t g : r.groups) groups += (groups.empty() ? "" : ",") + std::to_string(g);
   char umask[8];
   std::snprintf(umask, sizeof umask, "%04o", unsigned(r.umask & 0777));
-  o << "\numask=" << umask << "\nuser=" << r.user << "\nhome=" << r.home << "\nboot=" << r.boot
-    << "\nrestarts=" << r.restarts << "\nmount_id=" << r.mount_id << "\n";
-  std::string text = o.str(), tmp = r.key + kTempSuffix;
+  const std::string values[] = {"2",
+                                r.key,
+                                r.space == JobSpace::kImage ? "image" : "directory",
+                                std::to_string(r.uid),
+                                std::to_string(r.gid),
+                                groups,
+                                umask,
+                                r.boot,
+                                std::to_string(r.restarts),
+                                std::to_string(r.mount_id)};
+  std::string text =
+      "# What the Monarch Slurm plugin made for this job on this tier (root's; do not edit)\n";
+  for (size_t i = 0; i < std::size(kFields); ++i) text += kFields[i] + ("=" + values[i]) + "\n";
+  return text;
+}
+
+JobRecord parse_record(const std::string& key, std::string_view text) {
+  JobRecord r{.key = key};
+  bool seen[std::size(kFields)] = {};
+  bool ok = true, space_ok = false;
+  for (size_t at = 0; ok && at < text.size();) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string_view::npos) ok = false;  // every line ends: else it was cut
+    std::string_view line = text.substr(at, nl - at);
+    at = nl + 1;
+    for (char c : line) ok &= (unsigned char)c >= 0x20 && c != 0x7f;
+    if (!ok || line.starts_with('#')) continue;
+    size_t eq = line.find('=');
+    std::string_view name = line.substr(0, eq);
+    auto field = std::find_if(std::begin(kFields), std::end(kFields),
+                              [&](const char* f) { return name == f; });
+    size_t i = size_t(field - std::begin(kFields));
+    ok = eq != std::string_view::npos && field != std::end(kFields) && !seen[i] &&
+         parse_field(name, line.substr(eq + 1), key, r);
+    if (ok) seen[i] = true;
+    if (ok && name == "space") space_ok = true;
+  }
+  for (bool s : seen) ok &= s;
+  if (ok && std::find(r.groups.begin(), r.groups.end(), r.gid) == r.groups.end()) ok = false;
+  if (ok) return r;
+  // Damaged: what names the space where its line was well formed; nothing else.
+  return JobRecord{.key = key, .space = space_ok ? r.space : JobSpace::kDirectory, .damaged = true};
+}
+
+void write_record(int jobs_fd, const JobRecord& r) {
+  std::string text = record_text(r), tmp = r.key + kTempSuffix;
+  // Never a record that would read back damaged (a job key or boot id out of
+  // shape): its next step or its end would take the space for another run's.
+  if (parse_record(r.key, text).damaged)
+    throw std::runtime_error("cannot write the record of " + r.key + ": a value out of shape");
   Fd fd(openat(jobs_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
   bool ok = fd && write(fd.get(), text.data(), text.size()) == ssize_t(text.size()) &&
             fsync(fd.get()) == 0;
@@ -77,56 +188,7 @@ std::optional<JobRecord> read_record(int jobs_fd, const std::string& key) {
   bool found;
   std::string text = read_small(jobs_fd, key, found);
   if (!found) return std::nullopt;
-  JobRecord r{.key = key};
-  bool ok = true, have_uid = false, have_space = false;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    size_t eq = line.find('=');
-    if (eq == std::string::npos) {
-      ok = false;
-      continue;
-    }
-    std::string name = line.substr(0, eq), value = line.substr(eq + 1);
-    unsigned long long n = 0;
-    if (name == "space") {
-      have_space = value == "image" || value == "directory";
-      r.space = value == "image" ? JobSpace::kImage : JobSpace::kDirectory;
-    } else if (name == "uid") {
-      ok &= have_uid = parse_number(value, n);
-      r.uid = uid_t(n);
-    } else if (name == "gid") {
-      ok &= parse_number(value, n);
-      r.gid = gid_t(n);
-    } else if (name == "groups") {
-      std::istringstream g(value);
-      std::string one;
-      while (std::getline(g, one, ','))
-        if (parse_number(one, n)) r.groups.push_back(gid_t(n));
-    } else if (name == "umask") {
-      ok &= parse_number(value, n, 8);
-      r.umask = mode_t(n & 0777);
-    } else if (name == "user") {
-      r.user = value;
-    } else if (name == "home") {
-      r.home = value;
-    } else if (name == "boot") {
-      r.boot = value;
-    } else if (name == "restarts") {
-      ok &= parse_number(value, n);
-      r.restarts = uint32_t(n);
-    } else if (name == "mount_id") {
-      ok &= parse_number(value, n);
-      r.mount_id = n;
-    }
-  }
-  if (!ok || !have_uid || !have_space) {
-    // Damaged: keep what names the space, mark it stale.
-    JobRecord stale{.key = key, .space = r.space};
-    return stale;
-  }
-  return r;
+  return parse_record(key, text);
 }
 
 std::vector<std::string> record_keys(int jobs_fd, size_t limit) {

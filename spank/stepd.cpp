@@ -22,6 +22,7 @@
 #include <stdexcept>
 
 #include "cgroup.h"
+#include "job_key.h"
 #include "job_space.h"
 #include "jobmap.h"
 #include "plugin.h"
@@ -76,6 +77,12 @@ std::string step_name(uint32_t step) {
   return std::to_string(step);
 }
 
+// Not empty, and no control character (a newline, an escape).
+bool printable(const std::string& s) {
+  return !s.empty() && std::none_of(s.begin(), s.end(),
+                                    [](char c) { return (unsigned char)c < 0x20 || c == 0x7f; });
+}
+
 // LD_PRELOAD entries, separated by spaces or colons as ld.so accepts them.
 std::vector<std::string> preload_entries(const std::string& value) {
   std::vector<std::string> out;
@@ -93,7 +100,8 @@ std::vector<std::string> preload_entries(const std::string& value) {
 
 // Who the job runs as, from Slurm alone: ids and groups as the job has
 // them, its name and home from the job's environment (they only make the
-// environment of the stager and the report). No password or group lookup.
+// environment of the stager, and never the record). No password or group
+// lookup.
 User job_user(spank_t sp) {
   User u{.uid = item<uid_t>(sp, S_JOB_UID, "the job's uid"),
          .gid = item<gid_t>(sp, S_JOB_GID, "the job's gid")};
@@ -104,11 +112,13 @@ User job_user(spank_t sp) {
     u.groups.assign(gids, gids + ngids);
   if (std::find(u.groups.begin(), u.groups.end(), u.gid) == u.groups.end())
     u.groups.push_back(u.gid);
+  // USER and HOME only make the stager's environment (it runs as the user);
+  // still, nothing with a control character in it is passed on.
   u.name = get_env(sp, "SLURM_JOB_USER");
   if (u.name.empty()) u.name = get_env(sp, "USER");
-  if (u.name.empty()) u.name = "uid" + std::to_string(u.uid);
+  if (!printable(u.name)) u.name = "uid" + std::to_string(u.uid);
   u.home = get_env(sp, "HOME");
-  if (u.home.empty() || u.home[0] != '/') u.home = "/";
+  if (u.home[0] != '/' || !printable(u.home)) u.home = "/";
   return u;
 }
 
@@ -162,8 +172,6 @@ StepPlan plan_step(spank_t sp, uint32_t job) {
                  .gid = u.gid,
                  .groups = u.groups,
                  .umask = job_umask(sp),
-                 .user = u.name,
-                 .home = u.home,
                  .boot = boot_id(),
                  .restarts = restart_count(sp)};
   plan.launch = {.program = MONARCH_STAGER,
@@ -175,14 +183,19 @@ StepPlan plan_step(spank_t sp, uint32_t job) {
                  .setup = {.limits = job_limits(sp), .umask = plan.record.umask}};
   plan.launch.env.push_back("SLURM_JOB_ID=" + std::to_string(job));
   // A multi-node job: its nodes, port and key, for one cache (jobwide.h).
-  std::string nodes = get_env(sp, "SLURM_JOB_NODELIST"), key = get_env(sp, kEnvJobKey);
+  // The stager finds itself in the list by its short host name: at this
+  // point the step's SLURMD_NODENAME is still the one a nested srun
+  // inherited from the batch step's node.
+  std::string nodes = get_env(sp, "SLURM_JOB_NODELIST");
   if (plan.config.job_wide && nodes.find_first_of(",[") != std::string::npos) {
-    plan.launch.args.insert(plan.launch.args.end(), {"--nodes", nodes, "--peer-port",
-                                                     std::to_string(peer_port(plan.config, job))});
-    // The stager finds itself in the list by its short host name: at this
-    // point the step's SLURMD_NODENAME is still the one a nested srun
-    // inherited from the batch step's node.
-    if (!key.empty()) plan.launch.env.push_back(std::string(kEnvJobKey) + "=" + key);
+    try {
+      JobKey key = derive_job_key(plan.config, job, u.uid, plan.record.restarts);
+      plan.launch.secret = std::move(key.secret);
+      plan.launch.args.insert(plan.launch.args.end(),
+                              {"--nodes", nodes, "--peer-port", std::to_string(key.port)});
+    } catch (const JobKeyError& e) {
+      log_error("job " + std::to_string(job) + ": " + e.what());
+    }
   }
   return plan;
 }
@@ -248,7 +261,6 @@ void clear_task_env(spank_t sp) {
   }
   spank_unsetenv(sp, "MONARCH_DATASET");
   spank_unsetenv(sp, "MONARCH_JOB_DIR");
-  spank_unsetenv(sp, kEnvJobKey);  // no stager of this step to share it with
 }
 
 // Monarch off for this step: one log line, the environment taken back.

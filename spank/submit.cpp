@@ -3,7 +3,6 @@
 // check of access() answers for that user. A refused option fails the
 // submission with a message naming the path, the reason and what to do.
 #include <limits.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -150,23 +149,6 @@ int register_options(spank_t sp) {
     if (rc != ESPANK_SUCCESS)
       log_error(std::string("cannot register --") + o.name + ": " + spank_strerror(rc));
   }
-  return 0;
-}
-
-int submit_post_opt() {
-  const State& s = state();
-  if (!s.args.enabled || !s.request.dataset_given || std::getenv(kEnvJobKey)) return 0;
-  // The secret the job's stagers share (jobwide.h): made here, as the
-  // submitting user, it travels in the job's environment to every node; a
-  // step inside the job inherits it (the variable is set already).
-  unsigned char raw[16];
-  if (getrandom(raw, sizeof raw, 0) != ssize_t(sizeof raw)) {
-    log_error("no random bytes for the job's key: its nodes will cache on their own");
-    return 0;
-  }
-  char hex[2 * sizeof raw + 1];
-  for (size_t i = 0; i < sizeof raw; ++i) std::snprintf(hex + 2 * i, 3, "%02x", raw[i]);
-  setenv(kEnvJobKey, hex, 0);
   return 0;
 }
 

@@ -245,6 +245,11 @@ const std::vector<KeyRule<Config>>& general_keys() {
          c.peer_port_high = hi;
        }},
       count_key("peer_timeout", 1, 60000, &Config::peer_timeout_ms),
+      {"job_key_secret", "an absolute path",
+       [](const std::string& v, Config& c) {
+         if (v.empty() || v[0] != '/') throw std::invalid_argument("not an absolute path");
+         c.job_key_secret = v;
+       }},
   };
   return keys;
 }
@@ -459,11 +464,6 @@ std::string check_dataset(const std::string& given, const Config& config) {
                         ": the dataset must live on the shared file system");
   }
   return root;
-}
-
-uint16_t peer_port(const Config& config, uint32_t job_id) {
-  return uint16_t(config.peer_port_low +
-                  job_id % (config.peer_port_high - config.peer_port_low + 1));
 }
 
 }  // namespace monarch

@@ -60,8 +60,12 @@ struct Config {
   // Multi-node jobs (issue 9): the nodes of a job cache the dataset as one
   // (jobwide.h); no: each node on its own, as for a one-node job.
   bool job_wide = true;
-  // The stagers of a job listen on peer_port_low + job id % the range's size.
+  // The stagers of a job listen on a port of this range that only the job's
+  // key gives (spank/job_key.h).
   unsigned peer_port_low = 7400, peer_port_high = 7899;
+  // A file every node holds alike and only root reads: the plugin derives
+  // each job's key from it (spank/job_key.h).
+  std::string job_key_secret = "/etc/munge/munge.key";
   unsigned peer_timeout_ms = 1000;  // a peer silent this long is failed for the job
   std::string source;               // the file it was read from, for messages
 };
@@ -82,9 +86,6 @@ uint64_t parse_size(std::string_view text);
 // Replaces the tiers with command-line ones, "DIR" or "DIR:QUOTA" where QUOTA is
 // a size or a percentage (default 100%). Throws ConfigError.
 void override_tiers(Config& config, const std::vector<std::string>& specs);
-
-// The port the stagers of Slurm job `job_id` listen on (peer_ports).
-uint16_t peer_port(const Config& config, uint32_t job_id);
 
 // The job's own directory on a tier: <tier path>/monarch-<job>. The one on
 // the first tier also holds the job map, the socket and the statistics.

@@ -54,9 +54,6 @@ inline constexpr const char* kTmpDir = "tmp";
 inline constexpr const char* kEnvDataset = "MONARCH_DATASET";  // the dataset root as given
 inline constexpr const char* kEnvJobDir = "MONARCH_JOB_DIR";   // job directory of tier 0
 inline constexpr const char* kEnvLog = "MONARCH_LOG";          // "1": log to stderr
-// The secret shared by the stagers of a multi-node job (the plugin makes it
-// at submission; the stager takes it out of its environment).
-inline constexpr const char* kEnvJobKey = "MONARCH_JOB_KEY";
 
 // Copy state of one file, in the low 4 bits of its state word. Bits 4-7 hold
 // the tier (kCopying, kCached), bits 8-31 the `aux` value: for kClaimed and

@@ -399,13 +399,30 @@ std::string stats_of(const std::string& json) {
   return parse(json).raw;
 }
 
+// A string of the statistics as it is shown: a control character (a newline
+// that would start a line of the report's own, an escape) as \xNN. The
+// statistics are the job's: they may hold anything.
+std::string shown(std::string s) {
+  std::string out;
+  for (char c : s) {
+    if ((unsigned char)c >= 0x20 && c != 0x7f) {
+      out += c;
+      continue;
+    }
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\x%02x", unsigned((unsigned char)c));
+    out += esc;
+  }
+  return out;
+}
+
 Figures figures_of(const pt::ptree& t) {
   Figures f;
   f.job = t.get<std::string>("job", "?");
-  f.host = t.get<std::string>("host", "");
-  f.user = t.get<std::string>("user", "");
-  f.dataset = t.get<std::string>("dataset", "?");
-  f.title = job_title(f.job);
+  f.host = shown(t.get<std::string>("host", ""));
+  f.user = shown(t.get<std::string>("user", ""));
+  f.dataset = shown(t.get<std::string>("dataset", "?"));
+  f.title = shown(job_title(f.job));
   f.complete = t.get<bool>("complete", false);
   f.elapsed_s = num(t, "elapsed_s");
   f.files = num(t, "index.files");
@@ -415,7 +432,7 @@ Figures figures_of(const pt::ptree& t) {
   f.fill_seconds = num(t, "cached.fill_seconds");
   if (auto tiers = t.get_child_optional("tiers"))
     for (auto& kv : *tiers)
-      f.tiers.push_back({kv.second.get<std::string>("name", "?"), num(kv.second, "quota"),
+      f.tiers.push_back({shown(kv.second.get<std::string>("name", "?")), num(kv.second, "quota"),
                          num(kv.second, "used"), kv.second.get<bool>("full", false)});
   f.total = traffic(t.get_child("totals"));
   if (auto epochs = t.get_child_optional("epochs"))

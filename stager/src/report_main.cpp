@@ -70,9 +70,12 @@ struct Failure {
 };
 
 // The whole of a statistics or report file, at most kMaxStatsBytes: a
-// larger file (or a device that never ends) is refused, not read.
-std::string read_file(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+// larger file (or a device that never ends) is refused, not read. At a job's
+// end (`follow` false) the statistics file itself, never a link in its place.
+std::string read_file(const std::string& path, bool follow = true) {
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
+  if (fd < 0 && errno == ELOOP && !follow)
+    throw Failure{path, "a symbolic link, not the statistics the stager wrote: not followed"};
   if (fd < 0) throw Failure{path, std::string("cannot read: ") + std::strerror(errno)};
   struct stat st;
   if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
@@ -179,7 +182,7 @@ int run(const std::vector<std::string>& args) {
     case Mode::kWrite:
     case Mode::kWriteJob:
       try {
-        std::string text = read_file(args[2]);
+        std::string text = read_file(args[2], /*follow=*/false);
         try {
           for (const std::string& p : monarch::write_reports(text, args[1])) std::cout << p << "\n";
         } catch (const monarch::ReportError& e) {

@@ -129,6 +129,11 @@ struct File {
   std::string suffix, text;
 };
 
+bool is_link(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
 // Writes `files` as <base><suffix> for the first usable base of `bases`.
 // `usable` says whether a base may be used; placing can still find a name
 // taken meanwhile, and then the next base is tried.
@@ -137,7 +142,12 @@ std::vector<std::string> write_files(const std::string& dir, const std::string& 
                                      const std::vector<std::string>& bases,
                                      const std::vector<File>& files, Usable usable) {
   std::string shown = "reports into " + dir;
-  Fd dirfd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  // The directory itself, never a link to it: one put in its place during the
+  // job would send the reports wherever it points.
+  Fd dirfd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dirfd && (errno == ELOOP || errno == ENOTDIR) && is_link(dir))
+    throw std::runtime_error("cannot write " + shown +
+                             ": it is a symbolic link; reports go only into the directory itself");
   if (!dirfd) throw std::runtime_error("cannot write " + shown + ": " + std::strerror(errno));
   PrivateDir priv(dirfd.get(), stem, shown);
   for (const File& f : files) {

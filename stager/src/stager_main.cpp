@@ -58,11 +58,30 @@ struct Options {
   bool remove_if_orphaned = false;
   pid_t parent = 0;
   // Multi-node jobs (the Slurm plugin): the job's node list as Slurm writes
-  // it, this node's name, the job's port. The job's key comes in the
-  // environment (kEnvJobKey), never on the command line, which any user sees.
+  // it, this node's name, the job's port. The job's key comes on a
+  // descriptor (--key-fd), never on the command line, which any user sees,
+  // nor in an environment, which every process of the job inherits.
   std::string nodes, node, peer_address = "0.0.0.0";
   unsigned peer_port = 0;
+  int key_fd = -1;
 };
+
+// The job's key: one line on `fd`, which is closed; "" without one.
+std::string read_key(int fd) {
+  if (fd < 0) return "";
+  char buf[256];
+  size_t have = 0;
+  for (ssize_t n; have < sizeof buf && (n = read(fd, buf + have, sizeof buf - have)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    have += size_t(n);
+  }
+  close(fd);
+  std::string key(buf, have);
+  key = key.substr(0, key.find('\n'));
+  explicit_bzero(buf, sizeof buf);
+  return key;
+}
 
 // A start-up failure: printed, sent on the ready pipe, exit status 2. Bad
 // input (configuration, dataset, job key, tiers) is the caller's to fix; a
@@ -297,9 +316,7 @@ struct Stager {
   // A multi-node job's nodes as one cache, unless the configuration or
   // something missing says otherwise (one log line why).
   void start_jobwide() {
-    const char* key = getenv(kEnvJobKey);
-    std::string secret = key ? key : "";
-    unsetenv(kEnvJobKey);
+    std::string secret = read_key(opt.key_fd);
     if (opt.nodes.empty()) return;
     std::vector<std::string> nodes;
     try {
@@ -317,7 +334,7 @@ struct Stager {
     auto self = std::find(nodes.begin(), nodes.end(), opt.node);
     std::string why;
     if (secret.size() < 16)
-      why = std::string("the job has no key (") + kEnvJobKey + ")";
+      why = "the job has no key (--key-fd)";
     else if (self == nodes.end())
       why = "this node, '" + opt.node + "', is not in the job's nodes " + opt.nodes;
     else if (opt.peer_port < 1024 || opt.peer_port > 65535)
@@ -669,6 +686,7 @@ Options parse_args(int argc, char** argv) {
       "nodes", po::value(&o.nodes), "a multi-node job's nodes, as SLURM_JOB_NODELIST")(
       "node", po::value(&o.node), "this node's name in --nodes (default: the short host name)")(
       "peer-port", po::value(&o.peer_port), "the port the job's stagers listen on")(
+      "key-fd", po::value(&o.key_fd), "descriptor to read the job's key from (one line)")(
       "peer-address", po::value(&o.peer_address),
       "the address this stager listens on for the others (default all of the node's)");
   po::variables_map vm;
