@@ -65,6 +65,9 @@ std::string check_report_dir(const std::string& dir) {
   if (dir.empty() || dir[0] != '/')
     return "not an absolute path: give the full path of an existing directory";
   struct stat st;
+  // The job's end writes into the directory itself, never through a link.
+  if (lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+    return "a symbolic link; give the directory itself (realpath " + dir + ")";
   if (stat(dir.c_str(), &st) != 0)
     return errno == ENOENT ? "no such directory: create it before you submit"
                            : std::string(std::strerror(errno));
