@@ -16,6 +16,7 @@ namespace {
 
 constexpr size_t kMinSecret = 32;
 constexpr size_t kMaxSecret = 64 << 10;
+constexpr uid_t kMaxSystemUid = 999;  // SYS_UID_MAX of Debian's and Red Hat's login.defs
 
 std::string read_secret(const std::string& path, uid_t job_uid) {
   auto bad = [&path](const std::string& why) {
@@ -29,7 +30,10 @@ std::string read_secret(const std::string& path, uid_t job_uid) {
   if (fstat(fd.get(), &st) != 0) throw bad(std::strerror(errno));
   if (!S_ISREG(st.st_mode)) throw bad("not a regular file");
   if (st.st_mode & 077) throw bad("its group or others may read or write it");
-  if (st.st_uid == job_uid) throw bad("owned by the job's user");
+  // Root's, or a system account's (munge's): never a user's, who could
+  // compute every job's key.
+  if (st.st_uid == job_uid || st.st_uid > kMaxSystemUid)
+    throw bad("owned by uid " + std::to_string(st.st_uid) + ", not root or a system account");
   if (st.st_size < off_t(kMinSecret) || st.st_size > off_t(kMaxSecret))
     throw bad("holds " + std::to_string(st.st_size) + " bytes, not 32 to 65536");
   std::string secret(size_t(st.st_size), '\0');

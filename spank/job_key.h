@@ -34,7 +34,8 @@ struct JobKeyError : std::runtime_error {
 
 // Throws JobKeyError naming the file and what is wrong with it: missing,
 // not a regular file, readable or writable by others than its owner, owned
-// by the job's user, shorter than 32 bytes or longer than 64 KiB.
+// by neither root nor a system account (uid 999 at most), shorter than 32
+// bytes or longer than 64 KiB.
 JobKey derive_job_key(const Config& config, uint32_t job, uid_t uid, uint32_t restarts);
 
 }  // namespace monarch::spank

@@ -27,6 +27,7 @@
 #include "jobmap.h"
 #include "mounts.h"
 #include "plugin.h"
+#include "proc.h"
 #include "sweep.h"
 #include "tier.h"
 
@@ -96,6 +97,12 @@ void run_report(const JobEnd& end) {
   const JobRecord& r = *end.record;
   if (r.damaged) {
     log_error(end.key + ": no report: its record is damaged, so there is no identity to write as");
+    return;
+  }
+  // A record of another run (made before a reboot, or for another user's job
+  // of the same id) names somebody else: nobody is written as.
+  if (r.uid != end.uid || r.boot != boot_id()) {
+    log_error(end.key + ": no report: its record is of another run of this job id");
     return;
   }
   std::string dir = report_dir(end.config);

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "plugin.h"
+#include "shown.h"
 
 // SPANK_PLUGIN() defines const variables, which C++ gives internal linkage;
 // Slurm then refuses the plugin. Define them with C linkage by hand.
@@ -22,11 +23,11 @@ State& state() {
 }
 
 void log_error(const std::string& message) {
-  slurm_error("monarch: %s", message.c_str());
+  slurm_error("monarch: %s", shown(message).c_str());  // a path may hold a newline
 }
 
 void log_info(const std::string& message) {
-  slurm_info("monarch: %s", message.c_str());
+  slurm_info("monarch: %s", shown(message).c_str());
 }
 
 void parse_args(int argc, char** argv) {

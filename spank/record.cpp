@@ -35,7 +35,8 @@ std::string read_small(int dirfd, const std::string& name, bool& found) {
   return text;
 }
 
-// Names in the order they are written; every one is required, once.
+// Names in the order they are written; every one is required, once, in
+// this order.
 constexpr const char* kFields[] = {"version", "key",   "space", "uid",      "gid",
                                    "groups",  "umask", "boot",  "restarts", "mount_id"};
 constexpr size_t kMaxGroups = 65536;  // NGROUPS_MAX
@@ -141,8 +142,8 @@ std::string record_text(const JobRecord& r) {
 
 JobRecord parse_record(const std::string& key, std::string_view text) {
   JobRecord r{.key = key};
-  bool seen[std::size(kFields)] = {};
-  bool ok = true, space_ok = false;
+  size_t next = 0;  // kFields[next] is the name the next line must have
+  bool ok = text.size() < kMaxRecordBytes, space_ok = false;
   for (size_t at = 0; ok && at < text.size();) {
     size_t nl = text.find('\n', at);
     if (nl == std::string_view::npos) ok = false;  // every line ends: else it was cut
@@ -152,15 +153,13 @@ JobRecord parse_record(const std::string& key, std::string_view text) {
     if (!ok || line.starts_with('#')) continue;
     size_t eq = line.find('=');
     std::string_view name = line.substr(0, eq);
-    auto field = std::find_if(std::begin(kFields), std::end(kFields),
-                              [&](const char* f) { return name == f; });
-    size_t i = size_t(field - std::begin(kFields));
-    ok = eq != std::string_view::npos && field != std::end(kFields) && !seen[i] &&
+    // The next name in the order they are written, and only that one.
+    ok = eq != std::string_view::npos && next < std::size(kFields) && name == kFields[next] &&
          parse_field(name, line.substr(eq + 1), key, r);
-    if (ok) seen[i] = true;
     if (ok && name == "space") space_ok = true;
+    next += ok;
   }
-  for (bool s : seen) ok &= s;
+  ok &= next == std::size(kFields);
   if (ok && std::find(r.groups.begin(), r.groups.end(), r.gid) == r.groups.end()) ok = false;
   if (ok) return r;
   // Damaged: what names the space where its line was well formed; nothing else.

@@ -27,6 +27,7 @@
 #include "jobmap.h"
 #include "plugin.h"
 #include "proc.h"
+#include "shown.h"
 #include "tier.h"
 
 namespace monarch::spank {
@@ -79,8 +80,7 @@ std::string step_name(uint32_t step) {
 
 // Not empty, and no control character (a newline, an escape).
 bool printable(const std::string& s) {
-  return !s.empty() && std::none_of(s.begin(), s.end(),
-                                    [](char c) { return (unsigned char)c < 0x20 || c == 0x7f; });
+  return !s.empty() && std::none_of(s.begin(), s.end(), is_control);
 }
 
 // LD_PRELOAD entries, separated by spaces or colons as ld.so accepts them.

@@ -1,6 +1,7 @@
 // Parsing the statistics and deriving the report's figures: traffic avoided,
 // fallbacks in words, the roofline verdict (defined in report.h).
 #include "report.h"
+#include "shown.h"
 
 #include <boost/property_tree/json_parser.hpp>
 #include <boost/property_tree/ptree.hpp>
@@ -397,23 +398,6 @@ Verdict verdict(const pt::ptree& t, const Figures& f) {
 
 std::string stats_of(const std::string& json) {
   return parse(json).raw;
-}
-
-// A string of the statistics as it is shown: a control character (a newline
-// that would start a line of the report's own, an escape) as \xNN. The
-// statistics are the job's: they may hold anything.
-std::string shown(std::string s) {
-  std::string out;
-  for (char c : s) {
-    if ((unsigned char)c >= 0x20 && c != 0x7f) {
-      out += c;
-      continue;
-    }
-    char esc[8];
-    std::snprintf(esc, sizeof esc, "\\x%02x", unsigned((unsigned char)c));
-    out += esc;
-  }
-  return out;
 }
 
 Figures figures_of(const pt::ptree& t) {

@@ -83,6 +83,8 @@ TEST(Record, AnythingButTheCanonicalTextIsDamaged) {
       good.substr(0, good.size() - 1),                   // cut short
       with("space=image\n", "space=image\x1b[2J\n"),     // an escape
       std::string(),                                     // empty
+      with("uid=1000\ngid=1000\n", "gid=1000\nuid=1000\n"),  // another order
+      good + "#" + std::string(64 << 10, 'x') + "\n",        // longer than a record can be
   };
   for (const std::string& text : bad) {
     JobRecord r = parse_record("job42", text);
@@ -134,7 +136,16 @@ TEST(Record, FuzzAcceptsOnlyCanonicalText) {
     std::string t = good;
     for (int edits = 1 + int(rng() % 3); edits > 0 && !t.empty(); --edits) {
       size_t at = rng() % t.size();
-      switch (rng() % 4) {
+      switch (rng() % 5) {
+        case 4: {  // two lines swapped
+          size_t a = t.rfind('\n', at), b = t.find('\n', at);
+          if (a == std::string::npos || b == std::string::npos) break;
+          size_t c = t.find('\n', b + 1);
+          if (c == std::string::npos) break;
+          std::string first = t.substr(a + 1, b - a), second = t.substr(b + 1, c - b);
+          t.replace(a + 1, c - a, second + first);
+          break;
+        }
         case 0:
           t[at] = char(rng());
           break;
@@ -216,6 +227,10 @@ TEST_F(Key, RefusesASecretOthersCouldKnow) {
   write_secret(std::string(1024, 'k'), 0600);
   ASSERT_EQ(chown(config_.job_key_secret.c_str(), 1000, 1000), 0);
   refused("owned by the job's user");
+  ASSERT_EQ(chown(config_.job_key_secret.c_str(), 1234, 1234), 0);
+  refused("owned by another user, who could compute every job's key");
+  ASSERT_EQ(chown(config_.job_key_secret.c_str(), 101, 101), 0);  // munge's, say
+  EXPECT_EQ(derive_job_key(config_, 42, 1000, 0).secret.size(), 64u);
   std::string real = config_.job_key_secret;
   config_.job_key_secret = dir_ + "/link";
   ASSERT_EQ(symlink(real.c_str(), config_.job_key_secret.c_str()), 0);
