@@ -244,12 +244,12 @@ const std::vector<KeyRule<Config>>& general_keys() {
          c.peer_port_low = lo;
          c.peer_port_high = hi;
        }},
-      count_key("peer_timeout", 1, 60000, &Config::peer_timeout_ms),
       {"job_key_secret", "an absolute path",
        [](const std::string& v, Config& c) {
          if (v.empty() || v[0] != '/') throw std::invalid_argument("not an absolute path");
          c.job_key_secret = v;
        }},
+      count_key("peer_timeout", 1, 60000, &Config::peer_timeout_ms),
   };
   return keys;
 }
