@@ -74,7 +74,7 @@ void parse_args(int argc, char** argv);
 
 // submit.cpp
 int register_options(spank_t sp);
-int submit_post_opt();              // srun, sbatch, salloc: the job's key (MONARCH_JOB_KEY)
+int submit_post_opt();  // srun, sbatch, salloc: the job's key (MONARCH_JOB_KEY)
 int job_script_getopt(spank_t sp);  // reads the options back in job_prolog/job_epilog
 
 // stepd.cpp
