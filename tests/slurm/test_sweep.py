@@ -97,6 +97,7 @@ class Sweep(st.SlurmTest):
                          "the requeued run found the first run's files")
         self.assertIn(f"monarch: job{job}: swept from tier slow", st.slurmd_log())
         self.assertTrue(running(impostor), "the epilog stopped another user's process")
+        os.kill(impostor, signal.SIGKILL)  # a stager of the job to the check below
         self.assertNoLeftovers(job)
 
 
