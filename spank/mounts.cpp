@@ -83,7 +83,7 @@ void detach_stack(int dir_fd, const std::string& leaf, uint64_t tier_mnt, Detach
     Fd fd(openat(dir_fd, leaf.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
     if (!fd) return;  // gone
     uint64_t id = mount_id_at(fd.get(), "");
-    if (id == 0 || id == tier_mnt) return;  // a link is on the tier's mount: not ours to detach
+    if (id == 0 || id == tier_mnt) return;  // nothing mounted (a link, opened itself, is too)
     if (id == own && own_root)
       *own_root = Fd(openat(fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!detach(fd.get())) {
