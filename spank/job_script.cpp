@@ -119,8 +119,7 @@ void run_report(const JobEnd& end) {
   // covered it with a mount of its own (a FUSE daemon may never answer).
   Tier tier = open_tier(end.config.tiers[0], /*create=*/false);
   uint64_t top = mount_id_at(tier.root.get(), space_name(end.key).c_str());
-  uint64_t want = r.space == JobSpace::kImage ? r.mount_id : mount_id_at(tier.root.get(), "");
-  if (top != want) {
+  if (top != r.mount_id) {
     log_error(end.key + ": no report: the job mounted something on its directory " +
               tier.root_path + "/" + space_name(end.key));
     return;
@@ -174,8 +173,8 @@ void release_spaces(JobEnd& end) {
       if (!done.problem.empty())
         log_error(end.key + ": tier " + tc.name + ": " + done.problem +
                   "; left for the next sweep");
-      else if (int left = done.mounts - (r->space == JobSpace::kImage ? 1 : 0); left > 0)
-        log_info(end.key + ": tier " + tc.name + ": detached " + std::to_string(left) +
+      else if (done.mounts > 0)
+        log_info(end.key + ": tier " + tc.name + ": detached " + std::to_string(done.mounts) +
                  " mount(s) the job left");
     } catch (const std::exception& e) {
       log_error(end.key + ": tier " + tc.name + ": " + e.what() + "; left for the next sweep");

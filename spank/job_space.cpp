@@ -1,6 +1,7 @@
 #include "job_space.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,27 +19,42 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
-// Is the space there as the record says? Looks at the tier's side only
-// (the kernel's cached attributes), never into the space.
+// Is the space there as the record says: its own mount on top? Looks at the
+// tier's side only, never into the space.
 bool as_recorded(const Tier& tier, const JobRecord& r) {
-  std::string name = space_name(r.key);
-  if (r.space == JobSpace::kImage)
-    return r.mount_id && mount_id_at(tier.root.get(), name.c_str()) == r.mount_id;
-  struct statx sx;
-  if (statx(tier.root.get(), name.c_str(), AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
-            STATX_TYPE | STATX_UID | STATX_MNT_ID, &sx) != 0)
-    return false;
-  return S_ISDIR(sx.stx_mode) && sx.stx_uid == r.uid &&
-         sx.stx_mnt_id == mount_id_at(tier.root.get(), "");
+  return r.mount_id && mount_id_at(tier.root.get(), space_name(r.key).c_str()) == r.mount_id;
 }
 
-void make_directory(const Tier& tier, const std::string& key, const User& user) {
+// The job's directory, bound on itself before the user can reach it (a
+// root's directory, mode 0700, until then): a mount of its own, whose one
+// lazy detach at the job's end takes along whatever the job mounted inside
+// (mounts.h). Private, so that a mount made inside propagates nowhere (a
+// bind mount is otherwise a peer of the tier's own mount, which would get a
+// copy of it, hidden below). nosuid and nodev, as an image is. Returns the
+// id of the mount now at <tier>/monarch-<key>.
+uint64_t make_directory(const Tier& tier, const std::string& key, const User& user) {
   std::string name = space_name(key), path = tier.root_path + "/" + name;
   if (mkdirat(tier.root.get(), name.c_str(), 0700) != 0)
     throw TierError("cannot create " + path + ": " + errno_text());
-  Fd dir(openat(tier.root.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  Fd tree(open_tree(tier.root.get(), name.c_str(),
+                    OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW));
+  struct mount_attr attr = {};
+  attr.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+  attr.propagation = MS_PRIVATE;
+  if (!tree ||
+      move_mount(tree.get(), "", tier.root.get(), name.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0 ||
+      mount_setattr(tree.get(), "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
+    throw TierError("cannot mount " + path + " on itself: " + errno_text());
+  Fd dir(openat(tree.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir || fchown(dir.get(), user.uid, user.gid) != 0 || fchmod(dir.get(), 0700) != 0)
     throw TierError("cannot give " + path + " to the job's user: " + errno_text());
+  return mount_id_at(tier.root.get(), name.c_str());
+}
+
+// Whether `a` and `b` are on one file system.
+bool same_file_system(int a, int b) {
+  struct stat sa, sb;
+  return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev;
 }
 
 }  // namespace
@@ -68,12 +84,9 @@ void prepare_space(const Tier& tier, const JobRecord& want, const User& user) {
   record.mount_id = 0;
   write_record(tier.jobs.get(), record);
   try {
-    if (want.space == JobSpace::kImage) {
-      record.mount_id = make_image(tier, want.key, user);
-      write_record(tier.jobs.get(), record);
-    } else {
-      make_directory(tier, want.key, user);
-    }
+    record.mount_id = want.space == JobSpace::kImage ? make_image(tier, want.key, user)
+                                                     : make_directory(tier, want.key, user);
+    write_record(tier.jobs.get(), record);
   } catch (...) {
     release_space(tier, record);
     throw;
@@ -83,8 +96,12 @@ void prepare_space(const Tier& tier, const JobRecord& want, const User& user) {
 Release release_space(const Tier& tier, const JobRecord& record) {
   Release out;
   std::string name = space_name(record.key), path = tier.root_path + "/" + name;
-  DetachResult d =
-      detach_mounts(tier.root.get(), tier.root_path, name, record.mount_id, &out.image);
+  bool image = record.space == JobSpace::kImage;
+  DetachResult d = detach_mounts(tier.root.get(), tier.root_path, name, record.mount_id,
+                                 image ? &out.image : nullptr);
+  // The image's own file system, never the tier's (were the recorded mount
+  // id now another mount's).
+  if (out.image && same_file_system(out.image.get(), tier.root.get())) out.image.reset();
   if (out.image) shut_down_image(out.image.get());
   out.mounts = d.found;
   if (d.failed) {
@@ -98,18 +115,17 @@ Release release_space(const Tier& tier, const JobRecord& record) {
     }
     // An image's mount point is an empty directory of root's; anything
     // else goes to the trash whole.
-    if (record.space == JobSpace::kImage &&
-        unlinkat(tier.root.get(), name.c_str(), AT_REMOVEDIR) == 0) {
+    if (image && unlinkat(tier.root.get(), name.c_str(), AT_REMOVEDIR) == 0) {
     } else if (move_to_trash(tier.root.get(), name, tier.trash.get())) {
       out.moved = true;
     } else {
       out.problem = "cannot move " + path + " to " + tier.trash_path + ": " + errno_text();
     }
   }
-  std::string image = image_name(record.key);
-  if (!move_to_trash(tier.images.get(), image, tier.trash.get()) && errno != ENOENT &&
+  std::string file = image_name(record.key);
+  if (!move_to_trash(tier.images.get(), file, tier.trash.get()) && errno != ENOENT &&
       out.problem.empty())
-    out.problem = "cannot move the image " + image + " to " + tier.trash_path + ": " + errno_text();
+    out.problem = "cannot move the image " + file + " to " + tier.trash_path + ": " + errno_text();
   if (out.problem.empty()) remove_record(tier.jobs.get(), record.key);
   return out;
 }

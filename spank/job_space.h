@@ -1,8 +1,9 @@
 // A job's space on a tier, <tier>/monarch-<key>: made at the job's first
 // step on the node (as root, in slurmstepd), checked by every later step,
 // released at the job's end (the epilog) or, if that never came, by a
-// sweep (sweep.h). It is a plain directory or a mounted image (job_space
-// in monarch.conf; image.h) and always the user's, mode 0700. Everything
+// sweep (sweep.h). It is a mount of its own, recorded by its id: the
+// directory bound on itself or a mounted image (job_space in monarch.conf;
+// image.h), and always the user's, mode 0700. Everything
 // here runs under the tier's lock and acts only on what the job's record
 // (record.h) names.
 #pragma once
@@ -26,7 +27,7 @@ void prepare_space(const Tier& tier, const JobRecord& want, const User& user);
 
 // What release_space did, for the log.
 struct Release {
-  int mounts = 0;       // mounts found at and below the job's directory (its image included)
+  int mounts = 0;       // mounts the job left at and below its directory (not the space's own)
   bool moved = false;   // the job's directory went to the trash
   std::string problem;  // "" when everything named by the record is gone
   // The job's image, shut down and detached, still held: whoever closes

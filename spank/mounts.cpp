@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -19,7 +20,9 @@ namespace monarch::spank {
 namespace {
 
 constexpr size_t kMaxMountinfo = 16 << 20;  // thousands of mounts take a few hundred KiB
-constexpr int kMaxStacked = 64;             // mounts on top of each other at one point
+// Mounts on top of each other at one point: a user makes at most mount_max
+// FUSE mounts (fuse.conf, 1000 by default).
+constexpr int kMaxStacked = 1024;
 
 struct Mount {
   uint64_t id = 0, parent = 0;
@@ -70,28 +73,40 @@ bool detach(int fd) {
   return umount2(("/proc/self/fd/" + std::to_string(fd)).c_str(), MNT_DETACH) == 0;
 }
 
-// Detaches the mounts stacked at `rel` (below `tier_fd`) until the place
-// shows the tier's own mount again.
-void detach_stack(int tier_fd, const std::string& rel, uint64_t tier_mnt, DetachResult& r,
+// Detaches the mounts stacked at `leaf` in `dir_fd` (a directory of the
+// tier's file system, mount `tier_mnt`), from the top, until the place
+// shows the tier's own mount again. One name is looked up in `dir_fd`, and
+// the lookup ends on the root of the mount on top: nothing mounted is asked.
+void detach_stack(int dir_fd, const std::string& leaf, uint64_t tier_mnt, DetachResult& r,
                   uint64_t own, Fd* own_root) {
   for (int i = 0; i < kMaxStacked; ++i) {
-    struct open_how how = {};
-    how.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC;
-    how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
-    Fd fd(int(syscall(SYS_openat2, tier_fd, rel.c_str(), &how, sizeof how)));
-    if (!fd) return;  // gone, or reached only through a link: not ours to detach
+    Fd fd(openat(dir_fd, leaf.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) return;  // gone
     uint64_t id = mount_id_at(fd.get(), "");
-    if (id == 0 || id == tier_mnt) return;
+    if (id == 0 || id == tier_mnt) return;  // nothing mounted (a link, opened itself, is too)
     if (id == own && own_root)
       *own_root = Fd(openat(fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (detach(fd.get())) {
-      r.detached++;
-    } else {
+    if (!detach(fd.get())) {
       if (!r.first_errno) r.first_errno = errno;
       r.failed++;
       return;
     }
+    r.detached++;
   }
+}
+
+// The directory `rel` below `tier_fd`, opened only if reaching it crosses
+// no mount and no link: every name on the way is looked up in the tier's
+// own file system.
+Fd open_on_tier(int tier_fd, const std::string& rel) {
+  struct open_how how = {};
+  how.flags = O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  return Fd(int(syscall(SYS_openat2, tier_fd, rel.c_str(), &how, sizeof how)));
+}
+
+size_t depth(const std::string& path) {
+  return size_t(std::count(path.begin(), path.end(), '/'));
 }
 
 }  // namespace
@@ -120,12 +135,27 @@ DetachResult detach_mounts(int tier_fd, const std::string& tier_path, const std:
   uint64_t tier_mnt = mount_id_at(tier_fd, "");
   if (!tier_mnt) return r;
   std::string base = tier_path + "/" + name, prefix = base + "/";
-  std::vector<Mount> mounts = read_mountinfo();
-  for (const Mount& m : mounts) r.found += m.point == base || m.point.starts_with(prefix);
-  detach_stack(tier_fd, name, tier_mnt, r, own, own_root);  // on the job's directory itself
-  for (const Mount& m : mounts)
-    if (m.parent == tier_mnt && m.point.starts_with(prefix))
-      detach_stack(tier_fd, name + "/" + m.point.substr(prefix.size()), tier_mnt, r, 0, nullptr);
+  std::vector<Mount> below;  // made on the tier's own file system below the job's directory
+  for (Mount& m : read_mountinfo()) {
+    if (m.point != base && !m.point.starts_with(prefix)) continue;
+    r.found += m.id != own;
+    if (m.parent == tier_mnt && m.point != base) below.push_back(std::move(m));
+  }
+  detach_stack(tier_fd, name, tier_mnt, r, own, own_root);
+  // Shallowest first: a mount covering the way to a deeper one goes first.
+  std::stable_sort(below.begin(), below.end(),
+                   [](const Mount& a, const Mount& b) { return depth(a.point) < depth(b.point); });
+  for (const Mount& m : below) {
+    std::string rel = name + "/" + m.point.substr(prefix.size());
+    size_t slash = rel.rfind('/');
+    Fd parent = open_on_tier(tier_fd, rel.substr(0, slash));
+    if (parent) {
+      detach_stack(parent.get(), rel.substr(slash + 1), tier_mnt, r, 0, nullptr);
+    } else if (errno != ENOENT) {  // EXDEV: still covered by a mount that would not go
+      if (!r.first_errno) r.first_errno = errno;
+      r.failed++;
+    }
+  }
   return r;
 }
 

@@ -123,7 +123,8 @@ LiveJobs live_jobs(const std::string& program) {
     if (!read_info(pid, info) || info.zombie) return;
     if (runs(info, program)) {
       std::string key = job_key_of(argv_of(pid));
-      if (!key.empty()) live.stager_keys.insert(key);
+      if (!key.empty() && all_uids(info, uid_t(info.uids[0])))
+        live.stagers.insert({key, uid_t(info.uids[0])});
       return;
     }
     size_t slash = info.exe.rfind('/');

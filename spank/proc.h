@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace monarch::spank {
@@ -24,10 +25,11 @@ bool is_job_stager(pid_t pid, const std::string& program, uid_t uid, const std::
 std::vector<pid_t> find_job_stagers(const std::string& program, uid_t uid, const std::string& key);
 
 // The jobs alive on this node: their ids from slurmstepd titles, and the
-// job keys of live stagers (run from `program`, any user).
+// job keys of live stagers (run from `program`) with the uid each runs as
+// (all four uids alike): a stager counts only for a job of its own user.
 struct LiveJobs {
   std::set<uint32_t> stepd_jobs;
-  std::set<std::string> stager_keys;
+  std::set<std::pair<std::string, uid_t>> stagers;
 };
 LiveJobs live_jobs(const std::string& program);
 

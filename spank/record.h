@@ -36,7 +36,7 @@ struct JobRecord {
   mode_t umask = 022;
   std::string boot;       // the boot id when it was made: another boot, the job is gone
   uint32_t restarts = 0;  // Slurm's restart count of the job: a requeued job is a new run
-  uint64_t mount_id = 0;  // kImage: the mount made at <tier>/monarch-<key>, once made
+  uint64_t mount_id = 0;  // the mount made at <tier>/monarch-<key>, once made
   bool damaged = false;   // read back damaged: only key and space are meaningful
 };
 

@@ -41,7 +41,7 @@ SweepResult sweep(const Config& config, const std::string& skip, std::vector<Fd>
         if (!record) continue;
         uint32_t id = job_id_of(key);
         bool same_boot = !record->boot.empty() && record->boot == boot;
-        if (same_boot && (live.stepd_jobs.count(id) || live.stager_keys.count(key) ||
+        if (same_boot && (live.stepd_jobs.count(id) || live.stagers.count({key, record->uid}) ||
                           record_held(tier.jobs.get(), key))) {
           out.kept++;
           continue;

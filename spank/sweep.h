@@ -1,11 +1,12 @@
 // The sweep: what jobs left on the tiers when their epilog never ran (the
 // node crashed or rebooted, slurmd was down) or could not finish. Runs when
-// slurmd starts (slurm_spank_init in its slurmd context) and at the end of every job that
-// used Monarch. A record is stale when it was made under another boot, or
-// when neither a slurmstepd nor a stager of its job runs on the node
-// (proc.h); its space is released (job_space.h) and its cgroups removed.
-// Then the trash of every tier is purged in the background. Only records
-// are acted on: an entry of the tier no record names is left alone.
+// slurmd starts (slurm_spank_init in its slurmd context) and at the end of
+// every job that used Monarch. A record is stale when it was made under
+// another boot, or when neither a slurmstepd nor a stager of its job, run
+// as the record's user, runs on the node (proc.h); its space is released
+// (job_space.h) and its cgroups removed. Then the trash of every tier is
+// purged in the background. Only records are acted on: an entry of the
+// tier no record names is left alone.
 #pragma once
 
 #include <string>

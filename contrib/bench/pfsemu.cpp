@@ -1,9 +1,11 @@
 // monarch-pfsemu: read-only FUSE passthrough that emulates a busy parallel file system (PFS)
 // and counts exactly the requests it serves. Command line: see Usage().
 //  * Mirrors --source read-only (mount option ro: writes fail with EROFS). default_permissions
-//    (plus allow_other when root) makes the kernel check the source's modes and owners like a
-//    real file system. st_ino/st_size/st_mtime are the source's; attributes and entries are
-//    cached by the kernel for at most 1 s.
+//    (plus allow_other when root, or with --allow-other, which a user may give only where
+//    /etc/fuse.conf says user_allow_other: then root's lookups reach the daemon too) makes the
+//    kernel check the source's modes and owners like a real file system.
+//    st_ino/st_size/st_mtime are the source's; attributes and entries are cached by the kernel
+//    for at most 1 s.
 //  * Cost: each READ takes latency-us, then n/bandwidth on one shared link (a timeline reserved
 //    atomically: concurrent requests overlap their latency but share the bandwidth); each open
 //    of a regular file takes open-latency-us. Each LOOKUP and GETATTR takes stat-latency-us
@@ -81,7 +83,7 @@ struct Options {
   uint64_t latency_us = 1000, open_latency_us = 1000, bandwidth_mbs = 500, threads = 64;
   uint64_t stat_latency_us = 0;     // per LOOKUP and GETATTR
   uint64_t attr_timeout_ms = 1000;  // how long the kernel may trust names and attributes
-  bool direct_io = true, foreground = false, inode_paths = false;
+  bool direct_io = true, foreground = false, inode_paths = false, allow_other = false;
 };
 
 struct Counters {
@@ -565,7 +567,8 @@ void SignalThread() {
       "         [--open-latency-us N (1000)] [--bandwidth-mbs N (500, 0 = unlimited)]\n"
       "         [--stat-latency-us N (0)]\n"
       "         [--threads N (64)] [--direct-io | --cached] [--counts FILE] [--foreground]\n"
-      "         [--stall-comm THREAD-NAME-PREFIX] [--attr-timeout-ms N (1000)] [--inode-paths]\n");
+      "         [--stall-comm THREAD-NAME-PREFIX] [--attr-timeout-ms N (1000)] [--inode-paths]\n"
+      "         [--allow-other]\n");
   exit(rc);
 }
 
@@ -633,6 +636,8 @@ void ParseArgs(int argc, char** argv) {
       g_opt.foreground = true;
     } else if (!inline_value && arg == "--inode-paths") {
       g_opt.inode_paths = true;
+    } else if (!inline_value && arg == "--allow-other") {
+      g_opt.allow_other = true;
     } else {
       BadInput("unknown argument '" + std::string(argv[i]) + "' (see --help)");
     }
@@ -667,7 +672,7 @@ int main(int argc, char** argv) {
   if (g_root.fd < 0) BadInput("cannot open --source '" + g_opt.source + "': " + strerror(errno));
 
   std::string mount_opts = "ro,default_permissions,fsname=pfsemu,subtype=pfsemu";
-  if (geteuid() == 0) mount_opts += ",allow_other";
+  if (geteuid() == 0 || g_opt.allow_other) mount_opts += ",allow_other";
   char* fuse_argv[] = {argv[0], const_cast<char*>("-o"), mount_opts.data()};
   fuse_args args = FUSE_ARGS_INIT(3, fuse_argv);
 

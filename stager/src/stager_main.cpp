@@ -271,14 +271,15 @@ struct Stager {
       uint64_t quota = tc.quota_bytes
                            ? tc.quota_bytes
                            : uint64_t(double(vfs.f_blocks) * vfs.f_frsize * tc.quota_percent / 100);
-      // A job directory that is a file system of its own is the job's image,
-      // made by the Slurm plugin to the quota's size: all of it is the quota.
-      struct statx sx;
-      if (statx(tier_fds[t], "", AT_EMPTY_PATH, STATX_BASIC_STATS, &sx) == 0 &&
-          (sx.stx_attributes_mask & sx.stx_attributes & STATX_ATTR_MOUNT_ROOT))
+      // A job directory on a file system other than its tier's is the job's
+      // image, made by the Slurm plugin to the quota's size: all of it is
+      // the quota. (A mount point alone is not: in job_space = directory
+      // the plugin binds the directory on itself.)
+      struct stat dir, parent;
+      bool has_dir = fstat(tier_fds[t], &dir) == 0;
+      if (has_dir && fstatat(tier_fds[t], "..", &parent, 0) == 0 && dir.st_dev != parent.st_dev)
         quota = uint64_t(vfs.f_blocks) * vfs.f_frsize;
-      struct stat dir;
-      uint64_t fs = fstat(tier_fds[t], &dir) == 0 ? uint64_t(dir.st_dev) + 1 : 0;
+      uint64_t fs = has_dir ? uint64_t(dir.st_dev) + 1 : 0;
       tiers.push_back({quota, vfs.f_frsize, fs});
       // Temporary files of an earlier stager of this job are incomplete copies.
       remove_tree_at(tier_fds[t], kTmpDir);

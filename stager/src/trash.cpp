@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +31,17 @@ bool dot(const char* n) {
   return n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0));
 }
 
+// Empties `name`, a regular file at the trash's top with no other name,
+// before it is unlinked: its blocks come back now even while something
+// still holds it open (the loop device of a job's image that a process
+// outside the job keeps mounted through a descriptor or its cwd).
+void empty_file(int trash_fd, const char* name) {
+  Fd fd(openat(trash_fd, name, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  struct stat st;
+  if (fd && fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1)
+    (void)!ftruncate(fd.get(), 0);
+}
+
 // One pass over the trash: every entry goes through the bounded remover.
 // True when something was deleted.
 bool purge_pass(int trash_fd, PurgeResult& out) {
@@ -39,6 +51,7 @@ bool purge_pass(int trash_fd, PurgeResult& out) {
   uint64_t mounts = 0, errors = 0;
   while (dirent* e = readdir(d)) {
     if (dot(e->d_name)) continue;
+    if (e->d_type == DT_REG || e->d_type == DT_UNKNOWN) empty_file(trash_fd, e->d_name);
     RemoveResult r = remove_tree_at(trash_fd, e->d_name);
     out.removed.removed += r.removed;
     mounts += r.mounts, errors += r.errors;

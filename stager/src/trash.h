@@ -35,7 +35,9 @@ struct PurgeResult {
 
 // Deletes everything in the trash, until it is empty or nothing more can
 // go, holding the trash's lock; returns at once (busy) if another purge
-// holds it. Entries moved in while it runs are deleted too.
+// holds it. Entries moved in while it runs are deleted too. A regular file
+// at the trash's top (a job's image) is emptied before it is unlinked, so
+// that its blocks come back even while someone still holds it open.
 PurgeResult purge_trash(int trash_fd);
 
 // Puts the calling process at the lowest CPU and I/O priority (best-effort

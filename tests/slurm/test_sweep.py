@@ -4,7 +4,10 @@ and slurmd starts again clean (slurmd -c, as after a reboot: it knows of
 no job), so the job's epilog never runs; its tier directories stay, and
 Slurm requeues the job. When slurmd starts, Monarch sweeps what the job
 left (the job no longer runs on the node); the job's next run starts from
-nothing, without adopting the first run's files."""
+nothing, without adopting the first run's files. Meanwhile another user
+runs the installed stager as `monarch-stager --job job<ID>` (issue 23,
+item 6): it neither keeps the job's leftovers from the sweep nor is stopped
+by the sweep or the job's epilog."""
 import os
 import pwd
 import signal
@@ -13,6 +16,34 @@ import subprocess
 import slurmtest as st
 
 USER = "monarchtest"
+OTHER = "monarchtest2"
+
+
+def start_impostor(job):
+    """The installed stager run by OTHER for `job`, blocked opening its
+    configuration (a FIFO nobody writes). Returns its pid."""
+    pw = pwd.getpwnam(OTHER)
+    fifo = os.path.join(st.ROOT, "impostor.fifo")
+    if os.path.lexists(fifo):
+        os.unlink(fifo)
+    os.mkfifo(fifo, 0o600)
+    os.chown(fifo, pw.pw_uid, pw.pw_gid)
+    subprocess.Popen([st.RUNUSER, "-u", OTHER, "--", st.STAGER, "--job", f"job{job}", "--dataset",
+                      "/nonexistent", "--config", fifo], cwd="/", env=st.user_env(OTHER),
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+    found = st.wait_for(lambda: [s for s in st.stagers(job) if s["uids"][0] == pw.pw_uid], 10,
+                        "the other user's stager to start")
+    return found[0]["pid"]
+
+
+def running(pid):
+    """Alive, neither a zombie nor stopped."""
+    try:
+        state = st.read(f"/proc/{pid}/status").split("\nState:\t")[1][0]
+    except (OSError, IndexError):
+        return False
+    return state not in "ZTt"
 
 
 def kill_job_processes(job, uid):
@@ -34,6 +65,16 @@ class Sweep(st.SlurmTest):
                                      st.job_script("requeue.sh")],
                         extra_env={"JOBS": st.JOBS, "SECOND_TIER": st.TIERS[1]})
         st.wait_for(lambda: os.path.exists(os.path.join(work, "run0")), 60, "the first run")
+        impostor = start_impostor(job)
+        try:
+            self.crash_then_requeue(job, work, impostor)
+        finally:
+            try:
+                os.kill(impostor, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def crash_then_requeue(self, job, work, impostor):
         # The crash: slurmd and the job die at once; no epilog runs.
         os.kill(int(st.read(st.SLURMD_PID)), signal.SIGKILL)
         kill_job_processes(job, pwd.getpwnam(USER).pw_uid)
@@ -45,6 +86,7 @@ class Sweep(st.SlurmTest):
         subprocess.run(["slurmd", "-c"], check=True, env=dict(os.environ, SLURM_CONF=st.SLURM_CONF))
         st.wait_for(lambda: f"monarch: job{job}: swept from tier fast" in st.slurmd_log(), 30,
                     "the sweep at slurmd start")
+        self.assertTrue(running(impostor), "the sweep stopped another user's process")
         # Back in service (ReturnToService=2 may have done it already).
         subprocess.run(["scontrol", "update", f"NodeName={st.HOST}", "State=RESUME"],
                        capture_output=True)
@@ -54,6 +96,8 @@ class Sweep(st.SlurmTest):
         self.assertEqual(st.read(os.path.join(work, "run1.adopted")).strip(), "no",
                          "the requeued run found the first run's files")
         self.assertIn(f"monarch: job{job}: swept from tier slow", st.slurmd_log())
+        self.assertTrue(running(impostor), "the epilog stopped another user's process")
+        os.kill(impostor, signal.SIGKILL)  # a stager of the job to the check below
         self.assertNoLeftovers(job)
 
 

@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "fd.h"
 #include "trash.h"
@@ -62,6 +64,34 @@ TEST_F(TrashFixture, OnePurgeAtATime) {
   r = purge_trash(trash.get());
   EXPECT_FALSE(r.busy);
   EXPECT_FALSE(trash_has_entries(trash.get()));
+}
+
+// A file at the trash's top that someone still holds open (a job's image,
+// kept by its loop device) gives its blocks back; one with another name
+// keeps its bytes there.
+TEST_F(TrashFixture, HeldFileGivesItsBlocksBack) {
+  constexpr off_t kSize = 8 << 20;
+  Fd held(open((base / "job4.img").c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
+  ASSERT_TRUE(held);
+  ASSERT_EQ(posix_fallocate(held.get(), 0, kSize), 0);
+  std::ofstream(base / "linked") << "kept";
+  ASSERT_EQ(link((base / "linked").c_str(), (base / "other-name").c_str()), 0);
+  ASSERT_TRUE(move_to_trash(parent.get(), "job4.img", trash.get()));
+  ASSERT_TRUE(move_to_trash(parent.get(), "linked", trash.get()));
+  struct stat st;
+  ASSERT_EQ(fstat(held.get(), &st), 0);
+  EXPECT_GE(st.st_blocks * 512, kSize);
+
+  PurgeResult r = purge_trash(trash.get());
+  EXPECT_EQ(r.entries, 2u);
+  EXPECT_FALSE(trash_has_entries(trash.get()));
+  ASSERT_EQ(fstat(held.get(), &st), 0);
+  EXPECT_EQ(st.st_nlink, 0u);
+  EXPECT_EQ(st.st_blocks, 0);
+  std::ifstream in(base / "other-name");
+  std::string text;
+  in >> text;
+  EXPECT_EQ(text, "kept");
 }
 
 }  // namespace
