@@ -60,7 +60,7 @@ struct Options {
   // Multi-node jobs (the Slurm plugin): the job's node list as Slurm writes
   // it, this node's name, the job's port. The job's key comes in the
   // environment (kEnvJobKey), never on the command line, which any user sees.
-  std::string nodes, node, peer_address = "0.0.0.0";
+  std::string nodes, node, peer_address;
   unsigned peer_port = 0;
 };
 
@@ -670,7 +670,8 @@ Options parse_args(int argc, char** argv) {
       "node", po::value(&o.node), "this node's name in --nodes (default: the short host name)")(
       "peer-port", po::value(&o.peer_port), "the port the job's stagers listen on")(
       "peer-address", po::value(&o.peer_address),
-      "the address this stager listens on for the others (default all of the node's)");
+      "the address this stager listens on for the others (default: this node's name "
+      "resolved, or all of the node's addresses when it does not resolve)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {

@@ -116,7 +116,7 @@ struct PeersTest : ::testing::Test {
   static std::unique_ptr<Peers> start_client(const std::string& key) {
     std::string error;
     auto peers = Peers::start(
-        "127.0.0.1", 0, key, "127.0.0.1",
+        {.bind_address = "127.0.0.1", .key = key, .identity = "127.0.0.1"},
         [](std::vector<char>, Reply reply) { reply.fail("client only"); }, error);
     EXPECT_TRUE(peers) << error;
     return peers;
@@ -136,16 +136,26 @@ std::string pattern(size_t n, unsigned seed) {
   return s;
 }
 
+// Requests are short (at most wire::kMaxRequest bytes: a longer one is an
+// error, never sent); answers of any size arrive whole.
 TEST_F(PeersTest, RoundTripsKeepEveryByteWhateverTheSize) {
   std::vector<char> reply;
   ASSERT_TRUE(call(shared.port, "", reply).ok());
   EXPECT_TRUE(reply.empty());
-  for (size_t size : {size_t{0}, size_t{1}, size_t{64} << 10, size_t{8} << 20, size_t{32} << 20}) {
-    std::string payload = pattern(size, size);
+  for (size_t size : {size_t{0}, size_t{1}, wire::kMaxRequest - 1}) {
+    std::string payload = pattern(size, unsigned(size));
     Status status = call(shared.port, "e" + payload, reply);
     ASSERT_TRUE(status.ok()) << size << ": " << status.text;
     ASSERT_EQ(reply.size(), size);
     EXPECT_TRUE(std::equal(reply.begin(), reply.end(), payload.begin())) << size;
+  }
+  Status status = call(shared.port, "e" + pattern(wire::kMaxRequest, 1), reply);
+  EXPECT_EQ(status.code, Code::error) << status.text;
+  for (size_t size : {size_t{64} << 10, size_t{8} << 20, size_t{32} << 20}) {
+    status = call(shared.port, "n" + std::to_string(size), reply);
+    ASSERT_TRUE(status.ok()) << size << ": " << status.text;
+    ASSERT_EQ(reply.size(), size);
+    for (size_t i = 0; i < size; i += 4093) ASSERT_EQ(reply[i], static_cast<char>(i * 7 + 3));
   }
 }
 
@@ -176,10 +186,14 @@ TEST_F(PeersTest, EightThreadsCallAtOnce) {
     threads.emplace_back([&, t] {
       std::vector<char> reply;
       for (unsigned i = 0; i < 40; ++i) {
-        std::string payload = pattern((t * 40 + i) * 997 % (300 << 10), t * 100 + i);
+        std::string payload = pattern((t * 40 + i) * 997 % wire::kMaxRequest, t * 100 + i);
+        size_t size = (t * 40 + i) * 7919 % (300 << 10);
         Status status = call(shared.port, "e" + payload, reply);
-        if (status.ok() && reply.size() == payload.size() &&
-            std::equal(reply.begin(), reply.end(), payload.begin()))
+        bool echoed = status.ok() && reply.size() == payload.size() &&
+                      std::equal(reply.begin(), reply.end(), payload.begin());
+        status = call(shared.port, "n" + std::to_string(size), reply);
+        if (echoed && status.ok() && reply.size() == size &&
+            (size == 0 || reply[size - 1] == static_cast<char>((size - 1) * 7 + 3)))
           ++good;
       }
     });
@@ -243,19 +257,30 @@ TEST_F(PeersTest, TheKeyNeverTravelsAndAStrangersAnswerIsNotTaken) {
   std::stringstream seen;
   seen << in.rdbuf();
   std::string lines = seen.str();
-  // What it got: one request, header and payload as they travelled.
-  std::string header, payload;
-  std::istringstream(lines) >> std::ws >> header >> header >> payload;
+  // What it got: the connection's token, one request, header and payload as
+  // they travelled.
+  std::string word, token, header, payload;
+  std::istringstream(lines) >> word >> token >> word >> header >> payload;
+  char expected[17];
+  snprintf(expected, sizeof expected, "%016llx", (unsigned long long)wire::connect_token(kKey));
+  EXPECT_EQ(token, expected) << lines;
   EXPECT_EQ(header.size(), 2 * sizeof(wire::RequestHeader)) << lines;
   EXPECT_EQ(payload, hex("eplease")) << lines;
   EXPECT_EQ(lines.find(hex(kKey)), std::string::npos) << "the key travelled: " << lines;
 }
 
+std::string token_hex(const std::string& key) {
+  char text[17];
+  snprintf(text, sizeof text, "%016llx", (unsigned long long)wire::connect_token(key));
+  return text;
+}
+
 // The review's reproduction: while this stager waits on a slow peer, a
-// stranger connected to its listener sends answers for every likely call id
-// on its own connection. Not one is taken; every call times out.
+// stranger connected to its listener (with the job's connection token, as a
+// squatter learns it) sends answers for every likely call id on its own
+// connection. Not one is taken; every call times out.
 TEST_F(PeersTest, ForgedAnswersOnAnotherConnectionAreNotTaken) {
-  Peer forger = Peer::run({"forge", std::to_string(client->port()), "300"});
+  Peer forger = Peer::run({"forge", std::to_string(client->port()), "300", token_hex(kKey)});
   ASSERT_EQ(forger.line, "forging\n") << "the forger did not start";
   int forged = 0, timeouts = 0;
   for (int i = 0; i < 20; ++i) {
@@ -398,16 +423,19 @@ TEST(PeersDefaults, TransportsNeedNoSharedMemory) {
   std::string tls = getenv("UCX_TLS");
   unsetenv("UCX_TLS");
   std::string error;
+  Options options{.bind_address = "127.0.0.1", .key = kKey, .identity = "127.0.0.1"};
   auto server = Peers::start(
-      "127.0.0.1", 0, kKey, "127.0.0.1",
-      [](std::vector<char> request, Reply reply) { reply.send(request); }, error);
-  auto client = Peers::start(
-      "127.0.0.1", 0, kKey, "127.0.0.1", [](std::vector<char>, Reply reply) {}, error);
+      options,
+      [](std::vector<char> request, Reply reply) {
+        reply.send(std::vector<char>(1 << 20, request.empty() ? '?' : request[0]));
+      },
+      error);
+  auto client = Peers::start(options, [](std::vector<char>, Reply reply) {}, error);
   setenv("UCX_TLS", tls.c_str(), 1);
   ASSERT_TRUE(server && client) << error;
-  std::string payload = pattern(1 << 20, 5);
+  std::string payload(1 << 20, 'z');
   std::vector<char> reply;
-  Status status = client->call("127.0.0.1", server->port(), payload, reply, 5000);
+  Status status = client->call("127.0.0.1", server->port(), "z", reply, 5000);
   ASSERT_TRUE(status.ok()) << status.text;
   EXPECT_TRUE(std::equal(reply.begin(), reply.end(), payload.begin(), payload.end()));
 }
@@ -429,7 +457,8 @@ TEST_F(PeersTest, NobodyListeningIsUnreachableAtOnce) {
 TEST_F(PeersTest, IPv6IsAClearErrorNeverAConnection) {
   std::string error;
   auto v6 = Peers::start(
-      "::1", 0, kKey, "::1", [](std::vector<char>, Reply) {}, error);
+      {.bind_address = "::1", .key = kKey, .identity = "::1"}, [](std::vector<char>, Reply) {},
+      error);
   EXPECT_EQ(v6, nullptr);
   EXPECT_NE(error.find("'::1' to an IPv4 address"), std::string::npos) << error;
   std::vector<char> reply;
