@@ -90,7 +90,7 @@ std::map<std::string, std::string> resolve_nodes(const std::vector<std::string>&
     int rc = gai_error(cb);
     if (rc == EAI_INPROGRESS) {
       int cancel = gai_cancel(cb);
-      rc = cancel == EAI_CANCELED ? EAI_CANCELED
+      rc = cancel == EAI_CANCELED  ? EAI_CANCELED
            : cancel == EAI_ALLDONE ? gai_error(cb)
                                    : EAI_INPROGRESS;
     }
@@ -162,9 +162,10 @@ std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
                     .hosts = resolve_nodes(o.nodes, o.resolve_ms)};
   for (const std::string& node : o.nodes)
     if (!po.hosts.count(node))
-      spdlog::warn("node {} of the job: no IPv4 address within {} ms: it is neither called nor "
-                   "accepted",
-                   node, o.resolve_ms);
+      spdlog::warn(
+          "node {} of the job: no IPv4 address within {} ms: it is neither called nor "
+          "accepted",
+          node, o.resolve_ms);
   if (po.bind_address.empty()) {
     auto own = po.hosts.find(o.nodes[o.self]);
     po.bind_address = own != po.hosts.end() ? own->second : "0.0.0.0";
@@ -492,10 +493,9 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   // progress between them) while a busy node answers late; a node silent
   // for the whole peer timeout is given up on.
   uint64_t call_ms = std::clamp<uint64_t>(opt_.stall_ns / 2'000'000, 20, opt_.timeout_ms);
-  peers::Status st =
-      net_->call(opt_.nodes[node], opt_.port,
-                 std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply, int(call_ms),
-                 std::min<uint64_t>(len, kMaxPiece) + 1);
+  peers::Status st = net_->call(opt_.nodes[node], opt_.port,
+                                std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply,
+                                int(call_ms), std::min<uint64_t>(len, kMaxPiece) + 1);
   std::atomic<uint64_t>& silent = peer.silent_since;
   if (st.code == peers::Code::unreachable && !peer.answered.load()) {
     // Never answered: its stager is not up yet (the job's steps reach nodes

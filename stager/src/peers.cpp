@@ -313,7 +313,7 @@ struct Engine : std::enable_shared_from_this<Engine> {
   std::deque<std::function<void()>> queue;
   bool stopping = false;
   std::mutex resolved_mutex;
-  std::map<std::string, Address> resolved;  // "host:port"
+  std::map<std::string, Address> resolved;   // "host:port"
   std::map<std::string, std::string> hosts;  // Options::hosts, never changed
 
   // The progress thread's only.
@@ -352,8 +352,7 @@ struct Engine : std::enable_shared_from_this<Engine> {
   void send_request(Conn& conn, uint64_t call_id);
   void send_answer(uint64_t conn, uint64_t call, const AnswerHeader& header,
                    std::vector<char> bytes, std::shared_ptr<void> hold);
-  void sign_and_send(uint64_t conn, uint64_t call, uint64_t seq, uint32_t answer,
-                     std::string text);
+  void sign_and_send(uint64_t conn, uint64_t call, uint64_t seq, uint32_t answer, std::string text);
   void refuse(uint64_t conn, uint64_t call, uint64_t seq, std::string why);
   void accept(ucp_conn_request_h request);
   void authenticated(uint64_t conn);
@@ -368,8 +367,8 @@ struct Engine : std::enable_shared_from_this<Engine> {
                                  size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_answer(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
-  static ucs_status_t on_challenge(void* arg, const void* header, size_t header_length,
-                                   void* data, size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_challenge(void* arg, const void* header, size_t header_length, void* data,
+                                   size_t length, const ucp_am_recv_param_t* param);
   void dispatch(uint64_t conn, uint64_t call, uint64_t seq, std::vector<char> request);
 };
 
@@ -886,7 +885,9 @@ void Engine::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
     // Rejected: the listener there is not of this job (another connection
     // token), or does not take this node's address for one of the job's.
     if (status == UCS_ERR_REJECTED)
-      return self->fail_conn(id, conn->second.peer + " rejected the connection (not a stager of "
+      return self->fail_conn(id,
+                             conn->second.peer +
+                                 " rejected the connection (not a stager of "
                                  "this job, or not from one of its nodes)",
                              Code::refused);
     self->fail_conn(id, "connection to " + conn->second.peer + " lost: " + ucx_text(status));
@@ -907,7 +908,8 @@ ucs_status_t Engine::on_challenge(void* arg, const void* header, size_t header_l
   if (conn.server || conn.ready) return UCS_OK;  // one challenge, from the side we called
   conn.nonce = c.nonce;
   conn.ready = true;
-  for (uint64_t call_id : std::exchange(conn.before_challenge, {})) self->send_request(conn, call_id);
+  for (uint64_t call_id : std::exchange(conn.before_challenge, {}))
+    self->send_request(conn, call_id);
   return UCS_OK;
 }
 
@@ -1123,7 +1125,7 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
     std::string error;
     auto known = engine_->hosts.find(host);
     if (known != engine_->hosts.end() ? !numeric(known->second, port, call->address)
-                              : !resolve(host, port, false, call->address, error))
+                                      : !resolve(host, port, false, call->address, error))
       return {Code::unreachable, error.empty() ? "no address for " + host : error};
     std::lock_guard lock(engine_->resolved_mutex);
     engine_->resolved[call->peer] = call->address;
@@ -1144,8 +1146,7 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
   }
   // Received: verified here, on the caller's thread, before a byte is taken.
   Mac expected;
-  if (!answer_mac(engine->key, call->nonce, call->seq,
-                  call->id, call->answer,
+  if (!answer_mac(engine->key, call->nonce, call->seq, call->id, call->answer,
                   {call->reply.data(), call->reply.size()}, expected) ||
       !same_mac(expected, call->mac))
     return {Code::refused, call->peer + ": answer not signed with this job's key"};

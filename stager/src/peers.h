@@ -187,9 +187,9 @@ class Peers {
 // Integers in host order (a job's nodes share one architecture); inside MACs,
 // little-endian. The decoders are pure: any bytes in, a verdict out.
 namespace wire {
-constexpr unsigned kRequestAm = 1;    // header RequestHeader, payload the request
-constexpr unsigned kAnswerAm = 2;     // header AnswerHeader, payload the reply or error text
-constexpr unsigned kChallengeAm = 3;  // header Challenge, no payload: server to caller, once
+constexpr unsigned kRequestAm = 1;       // header RequestHeader, payload the request
+constexpr unsigned kAnswerAm = 2;        // header AnswerHeader, payload the reply or error text
+constexpr unsigned kChallengeAm = 3;     // header Challenge, no payload: server to caller, once
 constexpr uint32_t kMagic = 0x4d4e5033;  // "MNP3"
 constexpr size_t kMaxRequest = 256;      // a request's payload, at most
 enum : uint32_t { kAnswerOk = 0, kAnswerError = 1, kAnswerRefused = 2 };

@@ -8,12 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <new>
 #include <sstream>
 #include <string>
@@ -82,7 +84,7 @@ struct Peer {
     posix_spawn_file_actions_destroy(&actions);
     close(out[1]);
     pollfd p{out[0], POLLIN, 0};
-    char line[64] = {};
+    char line[512] = {};
     if (peer.pid > 0 && poll(&p, 1, 5000) == 1 && read(out[0], line, sizeof line - 1) > 0) {
       peer.line = line;
       sscanf(line, "port %hu", &peer.port);
@@ -297,6 +299,143 @@ TEST_F(PeersTest, ForgedAnswersOnAnotherConnectionAreNotTaken) {
   EXPECT_EQ(std::string(reply.begin(), reply.end()), "still");
 }
 
+// A request captured as it travelled and sent again, byte for byte, on its
+// own connection or on another, is refused (the sequence window; the other
+// connection's challenge); the first one was served.
+TEST_F(PeersTest, AReplayedRequestIsRefused) {
+  Peer replayer = Peer::run({"replay", std::to_string(shared.port), kKey});
+  std::string line = replayer.line;
+  replayer.stop();
+  EXPECT_EQ(line.substr(0, line.find(" | ")), "ok ping") << line;
+  EXPECT_NE(line.find(" | refused refused: request 1 on this connection already seen | "),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("| refused refused: not signed with this job's key"), std::string::npos)
+      << line;
+  std::vector<char> reply;
+  ASSERT_TRUE(call(shared.port, "estill", reply).ok());
+}
+
+// An answer whose payload is not the one its MAC covers is refused: its
+// bytes are never taken.
+TEST_F(PeersTest, ATamperedAnswerIsRefused) {
+  Peer tamperer = Peer::run({"tamper", kKey});
+  ASSERT_NE(tamperer.port, 0) << "the tamperer did not start";
+  std::vector<char> reply;
+  Status status = call(tamperer.port, "eany", reply, 2000);
+  tamperer.stop();
+  EXPECT_EQ(status.code, Code::refused) << status.text;
+  EXPECT_NE(status.text.find("answer not signed"), std::string::npos) << status.text;
+  EXPECT_TRUE(reply.empty());
+}
+
+// A listener that takes only the job's addresses rejects a caller from
+// another one before it has an endpoint: the caller learns it was refused.
+TEST_F(PeersTest, ACallerFromAnotherAddressIsRejected) {
+  Peer only = Peer::run({"0", kKey, "10.255.255.1"});
+  ASSERT_NE(only.port, 0);
+  std::vector<char> reply;
+  Status status = call(only.port, "e", reply, 3000);
+  EXPECT_EQ(status.code, Code::refused) << status.text;
+  EXPECT_NE(status.text.find("rejected the connection"), std::string::npos) << status.text;
+  Peer loopback = Peer::run({"0", kKey, "127.0.0.1"});
+  EXPECT_TRUE(call(loopback.port, "e", reply, 3000).ok());
+  only.stop();
+  loopback.stop();
+}
+
+// /proc/PID/status's VmRSS, in bytes; /proc/PID/stat's CPU time, in seconds.
+size_t rss_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string word;
+  while (in >> word)
+    if (word == "VmRSS:") {
+      size_t kb = 0;
+      in >> kb;
+      return kb << 10;
+    }
+  return 0;
+}
+double cpu_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  unsigned long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoul(field);
+    if (i == 15) stime = std::stoul(field);
+  }
+  return double(utime + stime) / double(sysconf(_SC_CLK_TCK));
+}
+
+// A stranger floods a stager's listener (peers_peer.cpp, flood: 64
+// connections kept open, rendezvous requests of 64 MiB, eager ones of 1 MiB,
+// garbage, wrong MACs, idle ones), first without the job's connection token,
+// then with it (a squatter's worst). Meanwhile the job's own calls, on the
+// connection they had, keep succeeding within the job's default peer timeout,
+// and the stager holds at most kBound more than before. The bound: eager
+// messages are assembled by UCX before the stager sees (and refuses) them, at
+// most one a connection not yet authenticated, unauthenticated_per_source (4)
+// of them from one address: 4 MiB, and UCX's buffers for the connections
+// around them.
+// DISABLED: with Debian 12's UCX (1.13.1) the listening stager aborts within
+// seconds of such a flood, inside UCX's TCP connection manager, before any
+// code of ours runs: a stale write event on a reused descriptor
+// (tcp_sockcm_ep.c:416, fixed upstream by openucx/ucx#11458) under any fast
+// connection churn, and `comm_ctx.offset <= length` (tcp_sockcm_ep.c:825) on
+// 64 bytes of plain TCP garbage. Both abort the stager built from main too.
+// Enable it once the port is no longer UCX's connection manager's.
+TEST_F(PeersTest, DISABLED_AFloodWithoutTheKeyCostsBoundedMemoryAndNoCall) {
+  constexpr size_t kBound = 48 << 20;
+  constexpr int kTimeoutMs = 1000;  // the job's peer_timeout by default
+  Peer server = Peer::start(0);
+  ASSERT_NE(server.port, 0);
+  std::vector<char> reply;
+  std::vector<long> before;
+  for (int i = 0; i < 50; ++i) {
+    auto t0 = Clock::now();
+    ASSERT_TRUE(call(server.port, "n4096", reply, kTimeoutMs).ok());
+    before.push_back(ms_since(t0));
+  }
+  size_t rss0 = rss_of(server.pid);
+  for (const std::string& token : {std::string(), token_hex(kKey)}) {
+    std::vector<std::string> args{"flood", std::to_string(server.port), "4"};
+    if (!token.empty()) args.push_back(token);
+    double cpu0 = cpu_of(server.pid);
+    auto t0 = Clock::now();
+    Peer flooder = Peer::run(args);
+    ASSERT_EQ(flooder.line, "flooding\n");
+    size_t peak = rss0;
+    int calls = 0, failed = 0;
+    long slowest = 0;
+    std::string first_failure;
+    while (ms_since(t0) < 4000) {
+      auto c0 = Clock::now();
+      Status status = call(server.port, "n4096", reply, kTimeoutMs);
+      slowest = std::max(slowest, ms_since(c0));
+      ++calls;
+      if (!status.ok() || reply.size() != 4096) {
+        if (!failed++) first_failure = status.text;
+      }
+      peak = std::max(peak, rss_of(server.pid));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    int status = 0;
+    waitpid(flooder.pid, &status, 0);
+    double cpu = (cpu_of(server.pid) - cpu0) / (ms_since(t0) / 1000.0);
+    printf(
+        "[ flood %s ] %d calls, %d failed, slowest %ld ms (before: %ld ms); stager RSS %zu "
+        "MiB before, peak %zu MiB; stager CPU %.2f of a core\n",
+        token.empty() ? "without the token" : "with the token", calls, failed, slowest,
+        *std::max_element(before.begin(), before.end()), rss0 >> 20, peak >> 20, cpu);
+    EXPECT_EQ(failed, 0) << first_failure;
+    EXPECT_LT(peak - rss0, kBound);
+  }
+  ASSERT_TRUE(call(server.port, "eafter", reply).ok());
+  server.stop();
+}
+
 // An answer longer than the caller allows is an error, and never allocated,
 // eager or by rendezvous; the connection serves on.
 TEST_F(PeersTest, AnswersAboveMaxReplyAreErrorsNeverAllocated) {
@@ -430,7 +569,8 @@ TEST(PeersDefaults, TransportsNeedNoSharedMemory) {
         reply.send(std::vector<char>(1 << 20, request.empty() ? '?' : request[0]));
       },
       error);
-  auto client = Peers::start(options, [](std::vector<char>, Reply reply) {}, error);
+  auto client = Peers::start(
+      options, [](std::vector<char>, Reply reply) {}, error);
   setenv("UCX_TLS", tls.c_str(), 1);
   ASSERT_TRUE(server && client) << error;
   std::string payload(1 << 20, 'z');
