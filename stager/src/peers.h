@@ -35,6 +35,12 @@
 //    byte: a squatter's or tampered answer is `refused`.
 // Secrecy is not provided (file bytes travel in clear, as from the PFS).
 //
+// Known limit: the listener is UCX's TCP connection manager, and UCX 1.13.1
+// (Debian 12) aborts the process on malformed connection data (64 bytes of
+// plain TCP) or fast connection churn (a stale event on a reused descriptor,
+// fixed upstream by openucx/ucx#11458), before any check above runs: whoever
+// can reach the port can stop this stager (its node then reads the PFS).
+//
 // Bounds (Limits): connections not yet authenticated (no valid request yet)
 // per source address and in all, the oldest dropped for a new one, and each
 // dropped after auth_ms; authenticated ones per source address (the oldest

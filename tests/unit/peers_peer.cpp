@@ -41,6 +41,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -70,11 +71,15 @@ std::string hex(const void* p, size_t n) {
   return out;
 }
 
+// The address the raw clients call: 127.0.0.1, or MONARCH_PEER_ADDRESS
+// (the Slurm flood test's node address).
 sockaddr_in loopback(uint16_t port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const char* other = getenv("MONARCH_PEER_ADDRESS");
+  if (other && port != 0) inet_pton(AF_INET, other, &addr.sin_addr);
   return addr;
 }
 
