@@ -1,6 +1,8 @@
 #include "jobwide.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -10,12 +12,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 
 namespace monarch {
 namespace {
 
-constexpr uint32_t kRequestMagic = 0x574a4e4d;  // "MNJW"
-enum Type : uint32_t { kIndex = 1, kFetch = 2 };
+using Request = JobWideRequest;
+constexpr auto kIndex = Request::kIndex;
+constexpr auto kFetch = Request::kFetch;
+constexpr uint32_t kReplica = Request::kReplica;
 // The last byte of every answer.
 enum Answer : char {
   kBytes = 'B',        // the bytes asked for (or the index) precede it
@@ -23,7 +28,6 @@ enum Answer : char {
   kUnavailable = 'U',  // this node will not have the file: read the PFS
   kNotYet = 'N',       // (a replica) this node has not copied it yet
 };
-constexpr uint32_t kReplica = 1;  // Request::flags: see PeerSource::read
 // A server waits this long for a copy to reach the bytes asked for before it
 // answers kPending: long enough to spare round trips, far within the timeout.
 constexpr uint64_t kLongPollNs = 50'000'000;
@@ -35,23 +39,95 @@ constexpr uint64_t kPassOnPatienceNs = 30'000'000'000;
 // The walking node answers a request for the index within this, pending
 // while it still walks; the asking node asks again.
 constexpr uint64_t kIndexPollMs = 500;
+// Answers of the whole index being sent at once, at most (each holds a copy
+// of it until sent); past it, the asker is told to ask again.
+constexpr unsigned kMaxIndexAnswers = 2;
 
 uint64_t now_ns() {
   return monotonic_ns();
 }
 
+// The names' IPv4 addresses (numeric), looked up all at once and waited for
+// at most timeout_ms: a name service that hangs delays the start that long,
+// no more. A name not resolved by then is left out.
+std::map<std::string, std::string> resolve_nodes(const std::vector<std::string>& names,
+                                                 unsigned timeout_ms) {
+  struct Lookup {
+    gaicb cb{};
+    addrinfo hints{};
+    std::string name;
+  };
+  // Left allocated when a lookup cannot be cancelled: glibc's thread may
+  // still write into it.
+  auto* lookups = new Lookup[names.size()];
+  std::vector<gaicb*> list;
+  for (size_t i = 0; i < names.size(); ++i) {
+    lookups[i].hints.ai_family = AF_INET;
+    lookups[i].hints.ai_socktype = SOCK_STREAM;
+    lookups[i].name = names[i];
+    lookups[i].cb.ar_name = lookups[i].name.c_str();
+    lookups[i].cb.ar_request = &lookups[i].hints;
+    list.push_back(&lookups[i].cb);
+  }
+  std::map<std::string, std::string> out;
+  if (list.empty() || getaddrinfo_a(GAI_NOWAIT, list.data(), int(list.size()), nullptr) != 0) {
+    delete[] lookups;
+    return out;
+  }
+  uint64_t deadline = now_ns() + uint64_t(timeout_ms) * 1'000'000;
+  for (;;) {
+    bool all = std::all_of(list.begin(), list.end(),
+                           [](gaicb* cb) { return gai_error(cb) != EAI_INPROGRESS; });
+    uint64_t now = now_ns();
+    if (all || now >= deadline) break;
+    timespec left{.tv_sec = time_t((deadline - now) / 1'000'000'000),
+                  .tv_nsec = long((deadline - now) % 1'000'000'000)};
+    gai_suspend(list.data(), int(list.size()), &left);
+  }
+  bool finished = true;
+  for (size_t i = 0; i < list.size(); ++i) {
+    gaicb* cb = list[i];
+    int rc = gai_error(cb);
+    if (rc == EAI_INPROGRESS) {
+      int cancel = gai_cancel(cb);
+      rc = cancel == EAI_CANCELED  ? EAI_CANCELED
+           : cancel == EAI_ALLDONE ? gai_error(cb)
+                                   : EAI_INPROGRESS;
+    }
+    if (rc == EAI_INPROGRESS) {
+      finished = false;
+      continue;
+    }
+    if (rc == 0 && cb->ar_result) {
+      char text[INET_ADDRSTRLEN];
+      auto* a = reinterpret_cast<sockaddr_in*>(cb->ar_result->ai_addr);
+      if (inet_ntop(AF_INET, &a->sin_addr, text, sizeof text)) out[names[i]] = text;
+    }
+    if (cb->ar_result) freeaddrinfo(cb->ar_result);
+  }
+  if (finished) delete[] lookups;
+  return out;
+}
+
 }  // namespace
 
-// One request: the file named by its id in the job's one index, and its
-// version, so that a node never serves another version's bytes.
-struct JobWide::Request {
-  uint32_t magic = kRequestMagic;
-  uint32_t type = 0;
-  uint32_t file = 0;
-  uint32_t flags = 0;
-  uint64_t off = 0, len = 0, size = 0, ino = 0;
-  int64_t mtime_ns = 0;
-};
+bool decode_jobwide_request(std::string_view bytes, JobWideRequest& out, std::string& why) {
+  out = {};
+  if (bytes.size() != sizeof out) {
+    why = "a request of " + std::to_string(bytes.size()) + " bytes";
+    return false;
+  }
+  std::memcpy(&out, bytes.data(), sizeof out);
+  if (out.magic != JobWideRequest::kMagic) {
+    why = "not a Monarch request";
+    return false;
+  }
+  if (out.type != kIndex && out.type != kFetch) {
+    why = "no such request";
+    return false;
+  }
+  return true;
+}
 
 JobWide::JobWide(JobWideOptions options, std::atomic<uint64_t>* counters)
     : opt_(std::move(options)),
@@ -78,8 +154,24 @@ std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
     return nullptr;
   }
   JobWide* self = jw.get();
+  const JobWideOptions& o = jw->opt_;
+  peers::Options po{.bind_address = o.address,
+                    .port = o.port,
+                    .key = o.key,
+                    .identity = o.nodes[o.self],
+                    .hosts = resolve_nodes(o.nodes, o.resolve_ms)};
+  for (const std::string& node : o.nodes)
+    if (!po.hosts.count(node))
+      spdlog::warn(
+          "node {} of the job: no IPv4 address within {} ms: it is neither called nor "
+          "accepted",
+          node, o.resolve_ms);
+  if (po.bind_address.empty()) {
+    auto own = po.hosts.find(o.nodes[o.self]);
+    po.bind_address = own != po.hosts.end() ? own->second : "0.0.0.0";
+  }
   jw->net_ = peers::Peers::start(
-      jw->opt_.address, jw->opt_.port, jw->opt_.key, jw->opt_.nodes[jw->opt_.self],
+      std::move(po),
       [self](std::vector<char> request, peers::Reply reply) {
         self->handle(std::move(request), std::move(reply));
       },
@@ -149,13 +241,9 @@ void JobWide::worker() {
       queue_.pop_front();
     }
     Request r;
-    if (item.first.size() != sizeof r) {
-      item.second.fail("a request of " + std::to_string(item.first.size()) + " bytes");
-      continue;
-    }
-    std::memcpy(&r, item.first.data(), sizeof r);
-    if (r.magic != kRequestMagic) {
-      item.second.fail("not a Monarch request");
+    std::string why;
+    if (!decode_jobwide_request({item.first.data(), item.first.size()}, r, why)) {
+      item.second.fail(why);
       continue;
     }
     serve(r, item.second);
@@ -171,10 +259,16 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
     cv_.wait_for(lock, std::chrono::milliseconds(20));
   if (!map_ || stopping_) return reply.send({kPending});
   if (r.type == kIndex) {
-    std::vector<char> out(wire_.begin(), wire_.end());
     if (wire_.empty()) return reply.send({kUnavailable});  // not the walking node
+    std::shared_ptr<std::atomic<unsigned>> sending = index_answers_;
+    if (sending->fetch_add(1) >= kMaxIndexAnswers) {
+      sending->fetch_sub(1);
+      return reply.send({kPending});
+    }
+    std::shared_ptr<void> hold(nullptr, [sending](void*) { sending->fetch_sub(1); });
+    std::vector<char> out(wire_.begin(), wire_.end());
     out.push_back(kBytes);
-    return reply.send(std::move(out));
+    return reply.send(std::move(out), std::move(hold));
   }
   JobMap& m = *map_;
   Copier& copier = *copier_;
@@ -184,7 +278,10 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
   const Entry& e = m.entry(r.file);
   if (e.size != r.size || e.ino != r.ino || e.mtime_ns != r.mtime_ns)
     return reply.send({kUnavailable});  // another version: never its bytes
-  uint64_t end = std::min(r.off + r.len, e.size), want = end > r.off ? end - r.off : 0;
+  // At most a piece, whatever was asked: the caller asks again for the rest.
+  uint64_t len = std::min(r.len, kMaxPiece);
+  uint64_t end = r.off < e.size ? r.off + std::min(len, e.size - r.off) : r.off;
+  uint64_t want = end - r.off;
   bool placed = false;
   for (;;) {
     State s = m.state(r.file);
@@ -323,7 +420,7 @@ void JobWide::answer(const PassOn& p) {
   if (!send_all(&n, sizeof n) || n <= 0) return;
   // In blocks, each the whole way (the peer answers a block at most), so
   // that the reader gets every byte it asked for, as from a file.
-  constexpr uint64_t kBlock = 4 << 20;
+  constexpr uint64_t kBlock = kMaxPiece;
   std::vector<char> buf(std::min<uint64_t>(uint64_t(n), kBlock));
   uint64_t start = now_ns();
   for (uint64_t done = 0; done < uint64_t(n);) {
@@ -396,9 +493,9 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   // progress between them) while a busy node answers late; a node silent
   // for the whole peer timeout is given up on.
   uint64_t call_ms = std::clamp<uint64_t>(opt_.stall_ns / 2'000'000, 20, opt_.timeout_ms);
-  peers::Status st =
-      net_->call(opt_.nodes[node], opt_.port,
-                 std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply, int(call_ms));
+  peers::Status st = net_->call(opt_.nodes[node], opt_.port,
+                                std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply,
+                                int(call_ms), std::min<uint64_t>(len, kMaxPiece) + 1);
   std::atomic<uint64_t>& silent = peer.silent_since;
   if (st.code == peers::Code::unreachable && !peer.answered.load()) {
     // Never answered: its stager is not up yet (the job's steps reach nodes

@@ -32,6 +32,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -44,15 +45,40 @@
 namespace monarch {
 
 struct JobWideOptions {
-  std::vector<std::string> nodes;   // the job's nodes, in Slurm's order
-  int self = 0;                     // this node's place in `nodes`
-  uint16_t port = 0;                // every stager of the job listens on it
-  std::string address = "0.0.0.0";  // the address it listens on
-  std::string key;                  // the job's secret
-  unsigned timeout_ms = 1000;       // a peer silent this long is failed
-  unsigned index_wait_ms = 30000;   // how long a node waits for the index before walking
+  std::vector<std::string> nodes;  // the job's nodes, in Slurm's order
+  int self = 0;                    // this node's place in `nodes`
+  uint16_t port = 0;               // every stager of the job listens on it
+  // The address it listens on; empty: this node's name resolved (all of the
+  // node's addresses, 0.0.0.0, when it does not resolve).
+  std::string address;
+  std::string key;                 // the job's secret
+  unsigned timeout_ms = 1000;      // a peer silent this long is failed
+  unsigned index_wait_ms = 30000;  // how long a node waits for the index before walking
   uint64_t stall_ns = 200'000'000;
+  // How long the job's node names may take to resolve, all at once, at the
+  // start: a name not resolved by then is neither called nor accepted.
+  unsigned resolve_ms = 5000;
 };
+
+// A request between the stagers of a job: the file named by its id in the
+// job's one index, and its version, so that a node never serves another
+// version's bytes. Exactly this size on the wire.
+struct JobWideRequest {
+  static constexpr uint32_t kMagic = 0x574a4e4d;  // "MNJW"
+  enum Type : uint32_t { kIndex = 1, kFetch = 2 };
+  static constexpr uint32_t kReplica = 1;  // flags: see PeerSource::read
+  uint32_t magic = kMagic;
+  uint32_t type = 0;
+  uint32_t file = 0;
+  uint32_t flags = 0;
+  uint64_t off = 0, len = 0, size = 0, ino = 0;
+  int64_t mtime_ns = 0;
+};
+// Pure: any bytes in; false and why when they are not a request.
+bool decode_jobwide_request(std::string_view bytes, JobWideRequest& out, std::string& why);
+
+// The most a node answers to one fetch, whatever it was asked.
+inline constexpr uint64_t kMaxPiece = 4 << 20;
 
 class JobWide : public PeerSource {
  public:
@@ -90,7 +116,7 @@ class JobWide : public PeerSource {
   bool resting(int node) override;
 
  private:
-  struct Request;
+  using Request = JobWideRequest;
   JobWide(JobWideOptions options, std::atomic<uint64_t>* counters);
   void handle(std::vector<char> request, peers::Reply reply);
   void worker();
@@ -135,6 +161,9 @@ class JobWide : public PeerSource {
   Copier* copier_ = nullptr;
   std::vector<int> tier_fds_;
   std::string wire_;  // the index, when this node walked it
+  // Answers of the index not sent yet: at most kMaxIndexAnswers.
+  std::shared_ptr<std::atomic<unsigned>> index_answers_ =
+      std::make_shared<std::atomic<unsigned>>(0);
   std::vector<std::thread> workers_;
 };
 

@@ -61,7 +61,7 @@ struct Options {
   // it, this node's name, the job's port. The job's key comes on a
   // descriptor (--key-fd), never on the command line, which any user sees,
   // nor in an environment, which every process of the job inherits.
-  std::string nodes, node, peer_address = "0.0.0.0";
+  std::string nodes, node, peer_address;
   unsigned peer_port = 0;
   int key_fd = -1;
 };
@@ -689,7 +689,8 @@ Options parse_args(int argc, char** argv) {
       "peer-port", po::value(&o.peer_port), "the port the job's stagers listen on")(
       "key-fd", po::value(&o.key_fd), "descriptor to read the job's key from (one line)")(
       "peer-address", po::value(&o.peer_address),
-      "the address this stager listens on for the others (default all of the node's)");
+      "the address this stager listens on for the others (default: this node's name "
+      "resolved, or all of the node's addresses when it does not resolve)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {

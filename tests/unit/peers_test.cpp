@@ -8,12 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <new>
 #include <sstream>
 #include <string>
@@ -82,7 +84,7 @@ struct Peer {
     posix_spawn_file_actions_destroy(&actions);
     close(out[1]);
     pollfd p{out[0], POLLIN, 0};
-    char line[64] = {};
+    char line[512] = {};
     if (peer.pid > 0 && poll(&p, 1, 5000) == 1 && read(out[0], line, sizeof line - 1) > 0) {
       peer.line = line;
       sscanf(line, "port %hu", &peer.port);
@@ -116,7 +118,7 @@ struct PeersTest : ::testing::Test {
   static std::unique_ptr<Peers> start_client(const std::string& key) {
     std::string error;
     auto peers = Peers::start(
-        "127.0.0.1", 0, key, "127.0.0.1",
+        {.bind_address = "127.0.0.1", .key = key, .identity = "127.0.0.1"},
         [](std::vector<char>, Reply reply) { reply.fail("client only"); }, error);
     EXPECT_TRUE(peers) << error;
     return peers;
@@ -136,16 +138,26 @@ std::string pattern(size_t n, unsigned seed) {
   return s;
 }
 
+// Requests are short (at most wire::kMaxRequest bytes: a longer one is an
+// error, never sent); answers of any size arrive whole.
 TEST_F(PeersTest, RoundTripsKeepEveryByteWhateverTheSize) {
   std::vector<char> reply;
   ASSERT_TRUE(call(shared.port, "", reply).ok());
   EXPECT_TRUE(reply.empty());
-  for (size_t size : {size_t{0}, size_t{1}, size_t{64} << 10, size_t{8} << 20, size_t{32} << 20}) {
-    std::string payload = pattern(size, size);
+  for (size_t size : {size_t{0}, size_t{1}, wire::kMaxRequest - 1}) {
+    std::string payload = pattern(size, unsigned(size));
     Status status = call(shared.port, "e" + payload, reply);
     ASSERT_TRUE(status.ok()) << size << ": " << status.text;
     ASSERT_EQ(reply.size(), size);
     EXPECT_TRUE(std::equal(reply.begin(), reply.end(), payload.begin())) << size;
+  }
+  Status status = call(shared.port, "e" + pattern(wire::kMaxRequest, 1), reply);
+  EXPECT_EQ(status.code, Code::error) << status.text;
+  for (size_t size : {size_t{64} << 10, size_t{8} << 20, size_t{32} << 20}) {
+    status = call(shared.port, "n" + std::to_string(size), reply);
+    ASSERT_TRUE(status.ok()) << size << ": " << status.text;
+    ASSERT_EQ(reply.size(), size);
+    for (size_t i = 0; i < size; i += 4093) ASSERT_EQ(reply[i], static_cast<char>(i * 7 + 3));
   }
 }
 
@@ -176,10 +188,14 @@ TEST_F(PeersTest, EightThreadsCallAtOnce) {
     threads.emplace_back([&, t] {
       std::vector<char> reply;
       for (unsigned i = 0; i < 40; ++i) {
-        std::string payload = pattern((t * 40 + i) * 997 % (300 << 10), t * 100 + i);
+        std::string payload = pattern((t * 40 + i) * 997 % wire::kMaxRequest, t * 100 + i);
+        size_t size = (t * 40 + i) * 7919 % (300 << 10);
         Status status = call(shared.port, "e" + payload, reply);
-        if (status.ok() && reply.size() == payload.size() &&
-            std::equal(reply.begin(), reply.end(), payload.begin()))
+        bool echoed = status.ok() && reply.size() == payload.size() &&
+                      std::equal(reply.begin(), reply.end(), payload.begin());
+        status = call(shared.port, "n" + std::to_string(size), reply);
+        if (echoed && status.ok() && reply.size() == size &&
+            (size == 0 || reply[size - 1] == static_cast<char>((size - 1) * 7 + 3)))
           ++good;
       }
     });
@@ -243,19 +259,30 @@ TEST_F(PeersTest, TheKeyNeverTravelsAndAStrangersAnswerIsNotTaken) {
   std::stringstream seen;
   seen << in.rdbuf();
   std::string lines = seen.str();
-  // What it got: one request, header and payload as they travelled.
-  std::string header, payload;
-  std::istringstream(lines) >> std::ws >> header >> header >> payload;
+  // What it got: the connection's token, one request, header and payload as
+  // they travelled.
+  std::string word, token, header, payload;
+  std::istringstream(lines) >> word >> token >> word >> header >> payload;
+  char expected[17];
+  snprintf(expected, sizeof expected, "%016llx", (unsigned long long)wire::connect_token(kKey));
+  EXPECT_EQ(token, expected) << lines;
   EXPECT_EQ(header.size(), 2 * sizeof(wire::RequestHeader)) << lines;
   EXPECT_EQ(payload, hex("eplease")) << lines;
   EXPECT_EQ(lines.find(hex(kKey)), std::string::npos) << "the key travelled: " << lines;
 }
 
+std::string token_hex(const std::string& key) {
+  char text[17];
+  snprintf(text, sizeof text, "%016llx", (unsigned long long)wire::connect_token(key));
+  return text;
+}
+
 // The review's reproduction: while this stager waits on a slow peer, a
-// stranger connected to its listener sends answers for every likely call id
-// on its own connection. Not one is taken; every call times out.
+// stranger connected to its listener (with the job's connection token, as a
+// squatter learns it) sends answers for every likely call id on its own
+// connection. Not one is taken; every call times out.
 TEST_F(PeersTest, ForgedAnswersOnAnotherConnectionAreNotTaken) {
-  Peer forger = Peer::run({"forge", std::to_string(client->port()), "300"});
+  Peer forger = Peer::run({"forge", std::to_string(client->port()), "300", token_hex(kKey)});
   ASSERT_EQ(forger.line, "forging\n") << "the forger did not start";
   int forged = 0, timeouts = 0;
   for (int i = 0; i < 20; ++i) {
@@ -270,6 +297,143 @@ TEST_F(PeersTest, ForgedAnswersOnAnotherConnectionAreNotTaken) {
   std::vector<char> reply;
   ASSERT_TRUE(call(shared.port, "estill", reply).ok());
   EXPECT_EQ(std::string(reply.begin(), reply.end()), "still");
+}
+
+// A request captured as it travelled and sent again, byte for byte, on its
+// own connection or on another, is refused (the sequence window; the other
+// connection's challenge); the first one was served.
+TEST_F(PeersTest, AReplayedRequestIsRefused) {
+  Peer replayer = Peer::run({"replay", std::to_string(shared.port), kKey});
+  std::string line = replayer.line;
+  replayer.stop();
+  EXPECT_EQ(line.substr(0, line.find(" | ")), "ok ping") << line;
+  EXPECT_NE(line.find(" | refused refused: request 1 on this connection already seen | "),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("| refused refused: not signed with this job's key"), std::string::npos)
+      << line;
+  std::vector<char> reply;
+  ASSERT_TRUE(call(shared.port, "estill", reply).ok());
+}
+
+// An answer whose payload is not the one its MAC covers is refused: its
+// bytes are never taken.
+TEST_F(PeersTest, ATamperedAnswerIsRefused) {
+  Peer tamperer = Peer::run({"tamper", kKey});
+  ASSERT_NE(tamperer.port, 0) << "the tamperer did not start";
+  std::vector<char> reply;
+  Status status = call(tamperer.port, "eany", reply, 2000);
+  tamperer.stop();
+  EXPECT_EQ(status.code, Code::refused) << status.text;
+  EXPECT_NE(status.text.find("answer not signed"), std::string::npos) << status.text;
+  EXPECT_TRUE(reply.empty());
+}
+
+// A listener that takes only the job's addresses rejects a caller from
+// another one before it has an endpoint: the caller learns it was refused.
+TEST_F(PeersTest, ACallerFromAnotherAddressIsRejected) {
+  Peer only = Peer::run({"0", kKey, "10.255.255.1"});
+  ASSERT_NE(only.port, 0);
+  std::vector<char> reply;
+  Status status = call(only.port, "e", reply, 3000);
+  EXPECT_EQ(status.code, Code::refused) << status.text;
+  EXPECT_NE(status.text.find("rejected the connection"), std::string::npos) << status.text;
+  Peer loopback = Peer::run({"0", kKey, "127.0.0.1"});
+  EXPECT_TRUE(call(loopback.port, "e", reply, 3000).ok());
+  only.stop();
+  loopback.stop();
+}
+
+// /proc/PID/status's VmRSS, in bytes; /proc/PID/stat's CPU time, in seconds.
+size_t rss_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string word;
+  while (in >> word)
+    if (word == "VmRSS:") {
+      size_t kb = 0;
+      in >> kb;
+      return kb << 10;
+    }
+  return 0;
+}
+double cpu_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  unsigned long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoul(field);
+    if (i == 15) stime = std::stoul(field);
+  }
+  return double(utime + stime) / double(sysconf(_SC_CLK_TCK));
+}
+
+// A stranger floods a stager's listener (peers_peer.cpp, flood: 64
+// connections kept open, rendezvous requests of 64 MiB, eager ones of 1 MiB,
+// garbage, wrong MACs, idle ones), first without the job's connection token,
+// then with it (a squatter's worst). Meanwhile the job's own calls, on the
+// connection they had, keep succeeding within the job's default peer timeout,
+// and the stager holds at most kBound more than before. The bound: eager
+// messages are assembled by UCX before the stager sees (and refuses) them, at
+// most one a connection not yet authenticated, unauthenticated_per_source (4)
+// of them from one address: 4 MiB, and UCX's buffers for the connections
+// around them.
+// DISABLED: with Debian 12's UCX (1.13.1) the listening stager aborts within
+// seconds of such a flood, inside UCX's TCP connection manager, before any
+// code of ours runs: a stale write event on a reused descriptor
+// (tcp_sockcm_ep.c:416, fixed upstream by openucx/ucx#11458) under any fast
+// connection churn, and `comm_ctx.offset <= length` (tcp_sockcm_ep.c:825) on
+// 64 bytes of plain TCP garbage. Both abort the stager built from main too.
+// Enable it once the port is no longer UCX's connection manager's.
+TEST_F(PeersTest, DISABLED_AFloodWithoutTheKeyCostsBoundedMemoryAndNoCall) {
+  constexpr size_t kBound = 48 << 20;
+  constexpr int kTimeoutMs = 1000;  // the job's peer_timeout by default
+  Peer server = Peer::start(0);
+  ASSERT_NE(server.port, 0);
+  std::vector<char> reply;
+  std::vector<long> before;
+  for (int i = 0; i < 50; ++i) {
+    auto t0 = Clock::now();
+    ASSERT_TRUE(call(server.port, "n4096", reply, kTimeoutMs).ok());
+    before.push_back(ms_since(t0));
+  }
+  size_t rss0 = rss_of(server.pid);
+  for (const std::string& token : {std::string(), token_hex(kKey)}) {
+    std::vector<std::string> args{"flood", std::to_string(server.port), "4"};
+    if (!token.empty()) args.push_back(token);
+    double cpu0 = cpu_of(server.pid);
+    auto t0 = Clock::now();
+    Peer flooder = Peer::run(args);
+    ASSERT_EQ(flooder.line, "flooding\n");
+    size_t peak = rss0;
+    int calls = 0, failed = 0;
+    long slowest = 0;
+    std::string first_failure;
+    while (ms_since(t0) < 4000) {
+      auto c0 = Clock::now();
+      Status status = call(server.port, "n4096", reply, kTimeoutMs);
+      slowest = std::max(slowest, ms_since(c0));
+      ++calls;
+      if (!status.ok() || reply.size() != 4096) {
+        if (!failed++) first_failure = status.text;
+      }
+      peak = std::max(peak, rss_of(server.pid));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    int status = 0;
+    waitpid(flooder.pid, &status, 0);
+    double cpu = (cpu_of(server.pid) - cpu0) / (ms_since(t0) / 1000.0);
+    printf(
+        "[ flood %s ] %d calls, %d failed, slowest %ld ms (before: %ld ms); stager RSS %zu "
+        "MiB before, peak %zu MiB; stager CPU %.2f of a core\n",
+        token.empty() ? "without the token" : "with the token", calls, failed, slowest,
+        *std::max_element(before.begin(), before.end()), rss0 >> 20, peak >> 20, cpu);
+    EXPECT_EQ(failed, 0) << first_failure;
+    EXPECT_LT(peak - rss0, kBound);
+  }
+  ASSERT_TRUE(call(server.port, "eafter", reply).ok());
+  server.stop();
 }
 
 // An answer longer than the caller allows is an error, and never allocated,
@@ -398,16 +562,20 @@ TEST(PeersDefaults, TransportsNeedNoSharedMemory) {
   std::string tls = getenv("UCX_TLS");
   unsetenv("UCX_TLS");
   std::string error;
+  Options options{.bind_address = "127.0.0.1", .key = kKey, .identity = "127.0.0.1"};
   auto server = Peers::start(
-      "127.0.0.1", 0, kKey, "127.0.0.1",
-      [](std::vector<char> request, Reply reply) { reply.send(request); }, error);
+      options,
+      [](std::vector<char> request, Reply reply) {
+        reply.send(std::vector<char>(1 << 20, request.empty() ? '?' : request[0]));
+      },
+      error);
   auto client = Peers::start(
-      "127.0.0.1", 0, kKey, "127.0.0.1", [](std::vector<char>, Reply reply) {}, error);
+      options, [](std::vector<char>, Reply reply) {}, error);
   setenv("UCX_TLS", tls.c_str(), 1);
   ASSERT_TRUE(server && client) << error;
-  std::string payload = pattern(1 << 20, 5);
+  std::string payload(1 << 20, 'z');
   std::vector<char> reply;
-  Status status = client->call("127.0.0.1", server->port(), payload, reply, 5000);
+  Status status = client->call("127.0.0.1", server->port(), "z", reply, 5000);
   ASSERT_TRUE(status.ok()) << status.text;
   EXPECT_TRUE(std::equal(reply.begin(), reply.end(), payload.begin(), payload.end()));
 }
@@ -429,7 +597,8 @@ TEST_F(PeersTest, NobodyListeningIsUnreachableAtOnce) {
 TEST_F(PeersTest, IPv6IsAClearErrorNeverAConnection) {
   std::string error;
   auto v6 = Peers::start(
-      "::1", 0, kKey, "::1", [](std::vector<char>, Reply) {}, error);
+      {.bind_address = "::1", .key = kKey, .identity = "::1"}, [](std::vector<char>, Reply) {},
+      error);
   EXPECT_EQ(v6, nullptr);
   EXPECT_NE(error.find("'::1' to an IPv4 address"), std::string::npos) << error;
   std::vector<char> reply;

@@ -1,0 +1,85 @@
+"""A flood against a running multi-node job's peer port (issue 23): while the
+job reads its dataset on the 3 namespaced nodes, a process of another user
+(monarchtest2), without the job's key, inside the first node's network (an
+address of the job's own nodes: the address filter lets it through) floods
+that node's stager's port for 20 s with the raw UCX stranger of the unit
+tests (tests/unit/peers_peer.cpp, flood: 64 connections, rendezvous requests
+of 64 MiB, eager ones of 1 MiB, garbage, wrong MACs, idle ones). The stager's
+memory stays within RSS_BOUND of what it held before, the job's ranks read
+the right bytes, and no node gave another up."""
+import os
+import subprocess
+import time
+
+import slurmtest as st
+import test_jobwide as jw
+
+ATTACKER = "monarchtest2"
+FLOOD_S = 20
+RSS_BOUND = 64 << 20  # what the stager may hold more during the flood
+FLOODER = os.path.join(os.environ.get("MONARCH_BUILD", os.path.join(st.SRC, "build")),
+                       "tests", "unit", "monarch_peers_peer")
+
+
+def rss(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+    return 0
+
+
+class Flood(st.SlurmTest):
+    # test_jobwide's job, dataset and reports; none of its tests.
+    setUpClass = classmethod(jw.JobWide.setUpClass.__func__)
+    setUp = jw.JobWide.setUp
+    run_job = jw.JobWide.run_job
+    reports = jw.JobWide.reports
+
+    def test_flood_without_the_key(self):
+        if not os.access(FLOODER, os.X_OK):
+            self.skipTest(f"no {FLOODER} (build the unit tests)")
+        seen = {}
+
+        def flood(job, work):
+            st.wait_for(lambda: any(True for _ in st.stagers(job)), 60, "the stagers")
+            first = None
+            for s in st.stagers(job):
+                host = subprocess.run(["nsenter", "-t", str(s["pid"]), "-u", "hostname"],
+                                      capture_output=True, text=True).stdout.strip()
+                if host == st.MULTI[0]:
+                    first = s["pid"]
+            self.assertIsNotNone(first, "the first node's stager")
+            with open(f"/proc/{first}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            port = args[args.index(b"--peer-port") + 1].decode()
+            address = subprocess.run(["nsenter", "-t", str(first), "-u", "-n", "hostname", "-i"],
+                                     capture_output=True, text=True).stdout.split()[0]
+            before = rss(first)
+            flooder = subprocess.Popen(
+                ["nsenter", "-t", str(first), "-n", "--", st.RUNUSER, "-u", ATTACKER, "--",
+                 FLOODER, "flood", port, str(FLOOD_S)],
+                env={"PATH": "/usr/bin:/bin", "MONARCH_PEER_ADDRESS": address, "UCX_TLS": "tcp"},
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            peak = before
+            while flooder.poll() is None:
+                if os.path.exists(f"/proc/{first}"):
+                    peak = max(peak, rss(first))
+                time.sleep(0.05)
+            out, err = flooder.communicate()
+            seen.update(before=before, peak=peak, alive=os.path.exists(f"/proc/{first}"),
+                        flooder=out + err)
+
+        epochs, before, job, work = self.run_job("flood", during=flood)
+        print(f"flood: stager RSS {seen['before'] >> 20} MiB before, peak {seen['peak'] >> 20} "
+              f"MiB; {seen['flooder'].strip()}")
+        self.assertIn("flooding", seen["flooder"])
+        self.assertTrue(seen["alive"], "the first node's stager died during the flood")
+        self.assertLess(seen["peak"] - seen["before"], RSS_BOUND)
+        stats = self.reports(job, work)
+        for host, s in stats.items():
+            self.assertEqual(s["totals"]["stager"]["peers_failed"], 0, host)
+
+
+if __name__ == "__main__":
+    st.main()

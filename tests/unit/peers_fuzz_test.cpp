@@ -1,0 +1,210 @@
+// Every message the peer service decodes, fed bytes from a seeded generator
+// and mutations of valid messages: the request and answer headers, the
+// challenge, the sequence window, the job-wide request, the index's wire
+// form. Deterministic (fixed seeds) and bounded (fixed iterations) for CI.
+// Each decoder must return a verdict, accept only what its contract allows,
+// and never allocate more than kMaxAllocation for any input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <new>
+#include <random>
+#include <set>
+
+#include "index_wire.h"
+#include "jobwide.h"
+#include "peers.h"
+
+std::atomic<size_t> largest_allocation{0};
+void* operator new(size_t n) {
+  size_t seen = largest_allocation.load(std::memory_order_relaxed);
+  while (n > seen && !largest_allocation.compare_exchange_weak(seen, n)) {
+  }
+  if (void* p = malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+__attribute__((noinline)) void operator delete(void* p) noexcept {
+  free(p);
+}
+__attribute__((noinline)) void operator delete(void* p, size_t) noexcept {
+  free(p);
+}
+
+namespace monarch {
+namespace {
+namespace fs = std::filesystem;
+namespace wire = peers::wire;
+
+constexpr size_t kMaxAllocation = 1 << 20;
+
+std::string random_bytes(std::mt19937_64& rng, size_t n) {
+  std::string s(n, '\0');
+  for (char& c : s) c = char(rng());
+  return s;
+}
+
+// A valid message with a few bytes changed, or cut, or grown.
+std::string mutate(std::mt19937_64& rng, std::string s) {
+  switch (rng() % 4) {
+    case 0:
+      s.resize(rng() % (s.size() + 1));
+      break;
+    case 1:
+      s += random_bytes(rng, 1 + rng() % 16);
+      break;
+    default:
+      for (unsigned k = 1 + rng() % 4; k > 0 && !s.empty(); --k) s[rng() % s.size()] = char(rng());
+  }
+  return s;
+}
+
+template <typename T>
+std::string bytes_of(const T& t) {
+  return std::string(reinterpret_cast<const char*>(&t), sizeof t);
+}
+
+TEST(PeersFuzz, RequestAnswerAndChallengeHeaders) {
+  std::mt19937_64 rng(23);
+  wire::RequestHeader valid_request{wire::kMagic, 0, 5, 9, {}};
+  wire::AnswerHeader valid_answer{wire::kMagic, wire::kAnswerOk, 5, {}};
+  wire::Challenge valid_challenge{wire::kMagic, 0, {}};
+  largest_allocation = 0;
+  size_t accepted = 0;
+  for (int i = 0; i < 200000; ++i) {
+    std::string h = i % 3 == 0   ? bytes_of(valid_request)
+                    : i % 3 == 1 ? bytes_of(valid_answer)
+                                 : bytes_of(valid_challenge);
+    if (rng() % 2)
+      h = random_bytes(rng, rng() % 96);
+    else if (rng() % 4)
+      h = mutate(rng, h);
+    size_t length = rng() % 3 == 0 ? rng() : rng() % 512;
+    bool rndv = rng() % 4 == 0;
+    wire::RequestHeader r;
+    std::string why;
+    if (wire::decode_request(h.data(), h.size(), length, rndv, r, why)) {
+      ++accepted;
+      EXPECT_EQ(h.size(), sizeof r);
+      EXPECT_LE(length, wire::kMaxRequest);
+      EXPECT_FALSE(rndv);
+      EXPECT_EQ(r.magic, wire::kMagic);
+      EXPECT_NE(r.seq, 0u);
+    } else {
+      EXPECT_FALSE(why.empty());
+    }
+    wire::AnswerHeader a;
+    if (wire::decode_answer(h.data(), h.size(), a)) {
+      EXPECT_EQ(h.size(), sizeof a);
+      EXPECT_LE(a.answer, uint32_t(wire::kAnswerRefused));
+    }
+    wire::Challenge c;
+    if (wire::decode_challenge(h.data(), h.size(), length % 2, c)) {
+      EXPECT_EQ(h.size(), sizeof c);
+      EXPECT_EQ(length % 2, 0u);
+    }
+  }
+  EXPECT_GT(accepted, 0u) << "the mutations never reached a valid request";
+  EXPECT_LT(largest_allocation.load(), kMaxAllocation);
+}
+
+// No sequence number is ever taken twice, whatever the order they come in;
+// a fresh one within the window always is.
+TEST(PeersFuzz, SequenceWindowNeverTakesOneTwice) {
+  std::mt19937_64 rng(64);
+  for (int round = 0; round < 200; ++round) {
+    wire::Window w;
+    std::set<uint64_t> taken;
+    uint64_t top = 0;
+    for (int i = 0; i < 2000; ++i) {
+      uint64_t seq = rng() % 8 == 0 ? rng() % (top + 200) : top + 1 + rng() % 3 - rng() % 80;
+      if (rng() % 500 == 0) seq = rng();
+      bool fresh = w.fresh(seq);
+      if (taken.count(seq) || seq == 0) {
+        EXPECT_FALSE(fresh) << seq;
+      }
+      if (seq > top) {
+        EXPECT_TRUE(fresh) << seq;
+      }
+      if (seq != 0 && seq <= top && top - seq < 64 && !taken.count(seq)) {
+        EXPECT_TRUE(fresh) << seq;
+      }
+      if (fresh) {
+        w.take(seq);
+        taken.insert(seq);
+        top = std::max(top, seq);
+      }
+    }
+  }
+}
+
+TEST(PeersFuzz, JobWideRequest) {
+  std::mt19937_64 rng(56);
+  JobWideRequest valid{.type = JobWideRequest::kFetch, .file = 3, .off = 4096, .len = 1 << 20};
+  largest_allocation = 0;
+  for (int i = 0; i < 200000; ++i) {
+    std::string b = rng() % 2 ? random_bytes(rng, rng() % 128) : mutate(rng, bytes_of(valid));
+    JobWideRequest r;
+    std::string why;
+    if (decode_jobwide_request(b, r, why)) {
+      EXPECT_EQ(b.size(), sizeof r);
+      EXPECT_EQ(r.magic, JobWideRequest::kMagic);
+      EXPECT_TRUE(r.type == JobWideRequest::kIndex || r.type == JobWideRequest::kFetch);
+    } else {
+      EXPECT_FALSE(why.empty());
+    }
+  }
+  EXPECT_LT(largest_allocation.load(), kMaxAllocation);
+}
+
+// The index's wire form, damaged anywhere: build_index_from throws or builds
+// a map that checks valid; it never crashes nor allocates beyond the bound.
+TEST(PeersFuzz, IndexWireForm) {
+  char name[] = "/tmp/monarch-fuzz-XXXXXX";
+  fs::path dir = mkdtemp(name), root = dir / "ds";
+  for (int c = 0; c < 3; ++c)
+    for (int i = 0; i < 20; ++i) {
+      fs::path p = root / ("class" + std::to_string(c)) / ("f" + std::to_string(i));
+      fs::create_directories(p.parent_path());
+      std::ofstream(p) << std::string(c * 100 + i, 'x');
+    }
+  IndexOptions walked{.root = root.string(),
+                      .out_path = (dir / "walked").string(),
+                      .tier_dirs = {"/walker/t0"},
+                      .generation = 1};
+  IndexStats st;
+  MappedMap map = build_index(walked, st, [](JobMap&) {});
+  const std::string valid = index_wire(map.map());
+  IndexOptions here{.root = root.string(),
+                    .out_path = (dir / "here").string(),
+                    .tier_dirs = {"/here/t0"},
+                    .generation = 2};
+  std::mt19937_64 rng(91);
+  size_t built = 0, refused = 0;
+  largest_allocation = 0;
+  for (int i = 0; i < 1500; ++i) {
+    std::string w = valid;
+    if (rng() % 2) {  // the header, where the offsets and counts are
+      for (unsigned k = 1 + rng() % 4; k > 0; --k) w[rng() % sizeof(Header)] = char(rng());
+    } else {
+      w = mutate(rng, w);
+    }
+    try {
+      MappedMap got = build_index_from(here, w, st, [](JobMap& m) { ASSERT_TRUE(m.valid()); });
+      EXPECT_TRUE(got.map().valid());
+      ++built;
+    } catch (const std::runtime_error&) {
+      ++refused;
+    }
+  }
+  printf("[ index wire ] 1500 damaged forms: %zu built (valid), %zu refused\n", built, refused);
+  EXPECT_LT(largest_allocation.load(), kMaxAllocation);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace monarch
