@@ -156,7 +156,8 @@ std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
   JobWide* self = jw.get();
   const JobWideOptions& o = jw->opt_;
   peers::Options po{.bind_address = o.address,
-                    .port = o.port,
+                    .port_low = o.port_low,
+                    .port_high = o.port_high,
                     .key = o.key,
                     .identity = o.nodes[o.self],
                     .hosts = resolve_nodes(o.nodes, o.resolve_ms)};
@@ -342,8 +343,8 @@ std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& w
   for (;;) {
     uint64_t left_ms = deadline > now_ns() ? (deadline - now_ns()) / 1'000'000 : 0;
     peers::Status st =
-        net_->call(walker, opt_.port, std::string_view(reinterpret_cast<char*>(&r), sizeof r),
-                   reply, int(std::clamp<uint64_t>(left_ms, 1, 2 * kIndexPollMs)));
+        net_->call(walker, 0, std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply,
+                   int(std::clamp<uint64_t>(left_ms, 1, 2 * kIndexPollMs)));
     if (st.ok() && !reply.empty() && reply.back() == kBytes) {
       reply.pop_back();
       counters_[s_index_received] = 1;
@@ -493,9 +494,9 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   // progress between them) while a busy node answers late; a node silent
   // for the whole peer timeout is given up on.
   uint64_t call_ms = std::clamp<uint64_t>(opt_.stall_ns / 2'000'000, 20, opt_.timeout_ms);
-  peers::Status st = net_->call(opt_.nodes[node], opt_.port,
-                                std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply,
-                                int(call_ms), std::min<uint64_t>(len, kMaxPiece) + 1);
+  peers::Status st =
+      net_->call(opt_.nodes[node], 0, std::string_view(reinterpret_cast<char*>(&r), sizeof r),
+                 reply, int(call_ms), std::min<uint64_t>(len, kMaxPiece) + 1);
   std::atomic<uint64_t>& silent = peer.silent_since;
   if (st.code == peers::Code::unreachable && !peer.answered.load()) {
     // Never answered: its stager is not up yet (the job's steps reach nodes

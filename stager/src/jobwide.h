@@ -47,7 +47,9 @@ namespace monarch {
 struct JobWideOptions {
   std::vector<std::string> nodes;  // the job's nodes, in Slurm's order
   int self = 0;                    // this node's place in `nodes`
-  uint16_t port = 0;               // every stager of the job listens on it
+  // The configured range (peer_ports): every stager of the job listens on
+  // the first free of the key's candidates in it (peers::wire::port_candidates).
+  uint16_t port_low = 0, port_high = 0;
   // The address it listens on; empty: this node's name resolved (all of the
   // node's addresses, 0.0.0.0, when it does not resolve).
   std::string address;

@@ -7,6 +7,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
@@ -14,6 +15,8 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -83,7 +86,7 @@ std::string_view view(const Nonce& nonce) {
 
 }  // namespace
 
-// The destination goes in with its length: "node1" + "2..." and "node12" +
+// Variable fields go in with their lengths: "node1" + "2..." and "node12" +
 // "..." sign differently.
 bool request_mac(std::string_view key, const Nonce& nonce, uint64_t seq, uint64_t call,
                  std::string_view destination, std::string_view request, Mac& out) {
@@ -101,16 +104,72 @@ bool answer_mac(std::string_view key, const Nonce& nonce, uint64_t seq, uint64_t
               out);
 }
 
-uint64_t connect_token(std::string_view key) {
-  Mac mac{};
-  hmac(key, {"monarch-connect"}, mac);
-  uint64_t token = 0;
-  for (size_t i = 0; i < 8; ++i) token |= uint64_t(mac[i]) << (8 * i);
-  return token;
+bool proof_mac(std::string_view key, const Nonce& server, const Nonce& caller,
+               std::string_view destination, std::string_view identity, std::string_view address,
+               Mac& out) {
+  return hmac(key,
+              {"monarch-door-caller", view(server), view(caller), Le<4>(destination.size()),
+               destination, Le<4>(identity.size()), identity, Le<4>(address.size()), address},
+              out);
+}
+
+bool welcome_mac(std::string_view key, const Nonce& server, const Nonce& caller,
+                 std::string_view destination, std::string_view identity, uint64_t session,
+                 std::string_view address, Mac& out) {
+  return hmac(
+      key,
+      {"monarch-door-server", view(server), view(caller), Le<4>(destination.size()), destination,
+       Le<4>(identity.size()), identity, Le<8>(session), Le<4>(address.size()), address},
+      out);
+}
+
+std::vector<uint16_t> port_candidates(std::string_view key, uint16_t low, uint16_t high) {
+  std::vector<uint16_t> out;
+  if (low == 0 || high < low) return out;
+  uint32_t range = uint32_t(high) - low + 1;
+  for (uint32_t i = 0; i < kPortCandidates; ++i) {
+    Mac mac{};
+    if (!hmac(key, {"monarch-port-v1", Le<4>(i)}, mac)) return {};
+    uint64_t draw = 0;
+    for (size_t b = 0; b < 8; ++b) draw |= uint64_t(mac[b]) << (8 * b);
+    uint16_t port = uint16_t(low + draw % range);
+    if (std::find(out.begin(), out.end(), port) == out.end()) out.push_back(port);
+  }
+  return out;
 }
 
 bool same_mac(const Mac& a, const Mac& b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+bool decode_hello(const void* bytes, size_t length, Hello& out) {
+  out = {};
+  if (length != sizeof out) return false;
+  std::memcpy(&out, bytes, sizeof out);
+  return out.magic == kMagic && out.reserved == 0;
+}
+
+bool decode_proof_head(const void* bytes, size_t length, Proof& out) {
+  out = {};
+  if (length < sizeof out) return false;
+  std::memcpy(&out, bytes, sizeof out);
+  return out.magic == kMagic && out.address_length >= 1 && out.address_length <= kMaxAddress;
+}
+
+bool decode_welcome_head(const void* bytes, size_t length, Welcome& out) {
+  out = {};
+  if (length < sizeof out) return false;
+  std::memcpy(&out, bytes, sizeof out);
+  return out.magic == kMagic && out.session != 0 && out.address_length >= 1 &&
+         out.address_length <= kMaxAddress;
+}
+
+bool proof_identity(const Proof& proof, std::string_view& out) {
+  size_t n = strnlen(proof.identity, kMaxIdentity);
+  for (size_t i = n; i < kMaxIdentity; ++i)
+    if (proof.identity[i] != 0) return false;
+  out = {proof.identity, n};
+  return n > 0;
 }
 
 bool decode_request(const void* header, size_t header_length, size_t length, bool rndv,
@@ -141,13 +200,6 @@ bool decode_answer(const void* header, size_t header_length, AnswerHeader& out) 
   if (header_length != sizeof out) return false;
   std::memcpy(&out, header, sizeof out);
   return out.magic == kMagic && out.answer <= kAnswerRefused;
-}
-
-bool decode_challenge(const void* header, size_t header_length, size_t length, Challenge& out) {
-  out = {};
-  if (header_length != sizeof out || length != 0) return false;
-  std::memcpy(&out, header, sizeof out);
-  return out.magic == kMagic && out.reserved == 0;
 }
 
 bool Window::fresh(uint64_t seq) const {
@@ -183,10 +235,9 @@ struct Address {
 };
 
 // IPv4 only, to listen and to call: Debian 12's UCX (1.13.1) writes past the
-// end of a buffer when it accepts a connection over IPv6 on a TCP interface
-// (valgrind: uct_tcp_ep_set_dest_addr from ucp_ep_create_server_accept), and
-// the default listener (0.0.0.0) takes IPv4 alone, so a node name whose
-// first address is IPv6 would be called where nobody listens.
+// end of a buffer when it connects over IPv6 on a TCP interface, and the
+// default listener (0.0.0.0) takes IPv4 alone, so a node name whose first
+// address is IPv6 would be called where nobody listens.
 bool resolve(const std::string& host, uint16_t port, bool passive, Address& out,
              std::string& error) {
   addrinfo hints{};
@@ -218,12 +269,34 @@ bool numeric(const std::string& text, uint16_t port, Address& out) {
   return true;
 }
 
+void set_port(Address& a, uint16_t port) {
+  reinterpret_cast<sockaddr_in*>(&a.addr)->sin_port = htons(port);
+}
+
 std::string text_of(uint32_t ipv4) {
   in_addr a{ipv4};
   char text[INET_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET, &a, text, sizeof text);
   return text;
 }
+
+uint64_t random64() {
+  uint64_t v = 0;
+  while (v == 0)
+    if (getrandom(&v, sizeof v, 0) != ssize_t(sizeof v)) v = 0;
+  return v;
+}
+
+bool random_nonce(Nonce& nonce) {
+  return getrandom(nonce.data(), nonce.size(), 0) == ssize_t(nonce.size());
+}
+
+// A session with a stager, as its handshake gave it.
+struct Session {
+  uint64_t id = 0;
+  Nonce nonce{};        // the server's, which every MAC of the session covers
+  std::string address;  // the server's worker address
+};
 
 // One call, shared by the calling thread (which waits on it until the
 // deadline, then verifies the answer) and the progress thread (which
@@ -243,13 +316,12 @@ struct Call {
   std::string request;
   std::string host;  // the destination, which the request's MAC covers
   std::string peer;  // "host:port"
-  Address address;
+  Session session;
   Clock::time_point deadline;
   // The progress thread's only, until the answer is received.
   uint64_t id = 0;
   uint64_t conn = 0;
   uint64_t seq = 0;
-  Nonce nonce{};
 
   void finish(Code code, std::string text) {
     std::lock_guard lock(m);
@@ -268,26 +340,40 @@ struct Call {
   }
 };
 
+// A UCX endpoint of ours with its session: to a server we called, or to a
+// caller that completed a handshake with us.
 struct Conn {
   ucp_ep_h ep = nullptr;
-  bool server = false;  // accepted by our listener (else: we called)
+  bool server = false;  // the session is one our front door gave
   bool refused = false;
   std::string peer;
-  Nonce nonce{};  // the server's challenge
-  // Ours (we called): the challenge came; the next sequence number; the calls
-  // waiting on this connection, and those waiting for the challenge.
-  bool ready = false;
+  uint64_t session = 0;
+  Nonce nonce{};  // the session's
+  // Ours (we called): the next sequence number; the calls waiting on it.
   uint64_t next_seq = 1;
   std::unordered_set<uint64_t> calls;
-  std::vector<uint64_t> before_challenge;
-  // Accepted: the caller's address, when, whether it sent a valid request,
-  // the sequence numbers it used, its requests being served.
+  // Served: the caller's address, when, the sequence numbers it used, its
+  // requests being served.
   uint32_t source = 0;
   Clock::time_point opened;
-  bool authenticated = false;
   Window window;
   unsigned in_flight = 0;
 };
+
+// A front door connection in its handshake: the Hello sent, the Proof
+// arriving.
+struct Door {
+  int fd = -1;
+  uint32_t source = 0;
+  Clock::time_point opened;
+  Nonce nonce{};
+  std::string in;  // what came of the Proof, at most sizeof(Proof) + kMaxAddress
+  size_t want = sizeof(Proof);
+};
+
+// epoll tags; front door connections are tagged with their id, from kFirstId.
+constexpr uint64_t kWorkerTag = 0, kWakeTag = 1, kListenTag = 2, kFirstId = 16;
+constexpr int kAcceptsPerTurn = 64;
 
 }  // namespace
 
@@ -296,14 +382,15 @@ namespace detail {
 struct Engine : std::enable_shared_from_this<Engine> {
   std::string key;
   std::string identity;
-  uint64_t token = 0;  // connect_token(key)
   Limits limits;
   std::unordered_set<uint32_t> allowed;  // IPv4, network order; empty: any
   Handler handler;
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
-  ucp_listener_h listener = nullptr;
+  std::string worker_address;
+  int listen_fd = -1;
   uint16_t port = 0;
+  std::vector<uint16_t> candidates;  // port_candidates(), for calls to port 0
   int epoll_fd = -1;
   int wake_fd = -1;
   std::thread thread;
@@ -313,21 +400,29 @@ struct Engine : std::enable_shared_from_this<Engine> {
   std::deque<std::function<void()>> queue;
   bool stopping = false;
   std::mutex resolved_mutex;
-  std::map<std::string, Address> resolved;   // "host:port"
+  std::map<std::string, Address> resolved;   // host
   std::map<std::string, std::string> hosts;  // Options::hosts, never changed
+  // Sessions with the stagers we call ("host:port"), and one handshake at a
+  // time per stager.
+  std::mutex sessions_mutex;
+  std::map<std::string, Session> sessions;
+  std::map<std::string, std::shared_ptr<std::timed_mutex>> handshaking;
 
   // The progress thread's only.
-  uint64_t next_id = 1;
+  uint64_t next_id = kFirstId;
   std::unordered_map<uint64_t, Conn> conns;
   std::unordered_map<ucp_ep_h, uint64_t> by_ep;
-  std::unordered_map<std::string, uint64_t> called;  // "host:port" -> our connection to it
+  std::unordered_map<uint64_t, uint64_t> by_session;  // served sessions -> conn
+  std::unordered_map<std::string, uint64_t> called;   // "host:port" -> our conn to it
   std::unordered_map<uint64_t, std::shared_ptr<Call>> calls;
+  std::unordered_map<uint64_t, Door> doors;
   std::vector<std::function<void()>> later;  // UCX work that UCX callbacks may not do
   std::vector<void*> closing;                // ucp_ep_close_nbx requests in flight
   Clock::time_point next_sweep;
-  unsigned unauthenticated = 0;  // accepted connections not authenticated yet
 
   ~Engine() {
+    for (auto& [id, door] : doors) close(door.fd);
+    if (listen_fd >= 0) close(listen_fd);
     if (epoll_fd >= 0) close(epoll_fd);
     if (wake_fd >= 0) close(wake_fd);
   }
@@ -345,31 +440,41 @@ struct Engine : std::enable_shared_from_this<Engine> {
   }
 
   bool init(const std::string& bind_address, uint16_t want_port, std::string& error);
+  bool listen_on(const Address& address, std::string& error);
   void run();
   void shutdown();
 
+  // The front door, server side (progress thread).
+  void accept_doors();
+  void read_door(uint64_t id);
+  void welcome(Door& door);
+  void close_door(uint64_t id);
+  // Client side (the calling thread).
+  Status handshake(const Address& address, const std::string& host, const std::string& peer,
+                   Clock::time_point deadline, Session& out);
+  Status session_for(const std::string& host, uint16_t port, Clock::time_point deadline,
+                     Session& out);
+  void forget_session(const std::string& peer, uint64_t session);
+
+  ucp_ep_h connect(const std::string& address, ucs_status_t& status);
   void start_call(const std::shared_ptr<Call>& call);
   void send_request(Conn& conn, uint64_t call_id);
-  void send_answer(uint64_t conn, uint64_t call, const AnswerHeader& header,
-                   std::vector<char> bytes, std::shared_ptr<void> hold);
-  void sign_and_send(uint64_t conn, uint64_t call, uint64_t seq, uint32_t answer, std::string text);
+  void send_answer(uint64_t session, const AnswerHeader& header, std::vector<char> bytes,
+                   std::shared_ptr<void> hold);
+  void sign_and_send(uint64_t session, uint64_t call, uint64_t seq, uint32_t answer,
+                     std::string text);
   void refuse(uint64_t conn, uint64_t call, uint64_t seq, std::string why);
-  void accept(ucp_conn_request_h request);
-  void authenticated(uint64_t conn);
-  void drop(uint64_t conn);
+  void drop(uint64_t conn, bool force = true);
   void fail_conn(uint64_t id, const std::string& why, Code code = Code::unreachable);
   void close_ep(ucp_ep_h ep, bool force);
   void sweep();
 
-  static void on_conn_request(ucp_conn_request_h request, void* arg);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   static ucs_status_t on_request(void* arg, const void* header, size_t header_length, void* data,
                                  size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_answer(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
-  static ucs_status_t on_challenge(void* arg, const void* header, size_t header_length, void* data,
-                                   size_t length, const ucp_am_recv_param_t* param);
-  void dispatch(uint64_t conn, uint64_t call, uint64_t seq, std::vector<char> request);
+  void dispatch(uint64_t session, uint64_t call, uint64_t seq, std::vector<char> request);
 };
 
 }  // namespace detail
@@ -388,7 +493,8 @@ struct SendContext {
 };
 
 // A request that cannot be sent fails its call and its connection (the next
-// call connects again), whether or not UCX also reports the endpoint broken.
+// call makes a new session), whether or not UCX also reports the endpoint
+// broken.
 void request_failed(SendContext* ctx, ucs_status_t status);
 
 void on_sent(void* request, ucs_status_t status, void* user_data) {
@@ -399,14 +505,11 @@ void on_sent(void* request, ucs_status_t status, void* user_data) {
 }
 
 // Posts an active message; ctx is owned by UCX until it completes.
-void send_am(ucp_ep_h ep, unsigned id, const void* payload, size_t size, uint32_t flags,
-             SendContext* ctx) {
+void send_am(ucp_ep_h ep, unsigned id, const void* payload, size_t size, SendContext* ctx) {
   ucp_request_param_t param{};
-  param.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = on_sent;
   param.user_data = ctx;
-  param.flags = flags;
   ucs_status_ptr_t request =
       ucp_am_send_nbx(ep, id, ctx->header.data(), ctx->header.size(), payload, size, &param);
   if (UCS_PTR_IS_PTR(request)) return;
@@ -422,7 +525,7 @@ struct ReceiveContext {
   Mac mac;
 };
 
-void on_received(void* request, ucs_status_t status, size_t length, void* user_data) {
+void on_received(void* request, ucs_status_t status, size_t /*length*/, void* user_data) {
   auto* ctx = static_cast<ReceiveContext*>(user_data);
   if (status == UCS_OK)
     ctx->call->receive(ctx->answer, ctx->mac);
@@ -451,6 +554,61 @@ void request_failed(SendContext* ctx, ucs_status_t status) {
   engine->later.push_back([engine, conn = ctx->call->conn, why] { engine->fail_conn(conn, why); });
 }
 
+// Blocking I/O of the calling thread on a non-blocking socket, until the
+// deadline. 1: done; 0: the peer closed first; -1: error or deadline (errno
+// ETIMEDOUT).
+int wait_fd(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    pollfd p{fd, events, 0};
+    int rc = poll(&p, 1, int(std::min<long long>(left.count(), 1000)));
+    if (rc > 0) return 1;
+    if (rc < 0 && errno != EINTR) return -1;
+  }
+}
+
+int read_exact(int fd, void* buffer, size_t length, Clock::time_point deadline) {
+  char* p = static_cast<char*>(buffer);
+  size_t got = 0;
+  while (got < length) {
+    ssize_t n = recv(fd, p + got, length - got, 0);
+    if (n > 0) {
+      got += size_t(n);
+      continue;
+    }
+    if (n == 0) return 0;
+    if (errno != EAGAIN && errno != EINTR) return -1;
+    if (wait_fd(fd, POLLIN, deadline) < 0) return -1;
+  }
+  return 1;
+}
+
+int write_all(int fd, const void* buffer, size_t length, Clock::time_point deadline) {
+  const char* p = static_cast<const char*>(buffer);
+  size_t sent = 0;
+  while (sent < length) {
+    ssize_t n = send(fd, p + sent, length - sent, MSG_NOSIGNAL);
+    if (n >= 0) {
+      sent += size_t(n);
+      continue;
+    }
+    if (errno != EAGAIN && errno != EINTR) return -1;
+    if (wait_fd(fd, POLLOUT, deadline) < 0) return -1;
+  }
+  return 1;
+}
+
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) close(fd);
+  }
+};
+
 }  // namespace
 
 bool Engine::init(const std::string& bind_address, uint16_t want_port, std::string& error) {
@@ -462,15 +620,11 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
   }
   // Peers are other nodes: shared memory is never their path, and fails
   // between the namespaces of nodes emulated on one machine.
-  // A stager restarted on its port must get it back while the connections of
-  // the one before linger in TIME_WAIT (SO_REUSEADDR on the listener; Linux
-  // still refuses a second listener on a port in use).
-  for (auto [name, value] : {std::pair{"TLS", "^sm"}, {"CM_REUSEADDR", "y"}}) {
-    if (getenv(("UCX_" + std::string(name)).c_str()) != nullptr) continue;
-    status = ucp_config_modify(config, name, value);
+  if (getenv("UCX_TLS") == nullptr) {
+    status = ucp_config_modify(config, "TLS", "^sm");
     if (status != UCS_OK) {
       ucp_config_release(config);
-      error = std::string("UCX configuration ") + name + "=" + value + ": " + ucx_text(status);
+      error = "UCX configuration TLS=^sm: " + ucx_text(status);
       return false;
     }
   }
@@ -484,17 +638,29 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
     return false;
   }
   ucp_worker_params_t worker_params{};
-  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // the progress thread only
-  worker_params.client_id = token;                     // sent with each connection we open
   status = ucp_worker_create(context, &worker_params, &worker);
   if (status != UCS_OK) {
     error = "UCX worker: " + ucx_text(status);
     return false;
   }
-  for (auto [id, cb] : {std::pair{kRequestAm, &Engine::on_request},
-                        {kAnswerAm, &Engine::on_answer},
-                        {kChallengeAm, &Engine::on_challenge}}) {
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  status = ucp_worker_get_address(worker, &address, &address_length);
+  if (status != UCS_OK) {
+    error = "UCX worker address: " + ucx_text(status);
+    return false;
+  }
+  worker_address.assign(reinterpret_cast<const char*>(address), address_length);
+  ucp_worker_release_address(worker, address);
+  if (worker_address.empty() || worker_address.size() > kMaxAddress) {
+    error = "UCX worker address of " + std::to_string(worker_address.size()) + " bytes (at most " +
+            std::to_string(kMaxAddress) + "): too many network devices; set UCX_NET_DEVICES";
+    return false;
+  }
+  for (auto [id, cb] :
+       {std::pair{kRequestAm, &Engine::on_request}, {kAnswerAm, &Engine::on_answer}}) {
     ucp_am_handler_param_t am{};
     am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                     UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -509,31 +675,6 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
     }
   }
 
-  Address address;
-  if (!numeric(bind_address, want_port, address) &&
-      !resolve(bind_address, want_port, true, address, error))
-    return false;
-  ucp_listener_params_t listen{};
-  listen.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  listen.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address.addr);
-  listen.sockaddr.addrlen = address.len;
-  listen.conn_handler.cb = on_conn_request;
-  listen.conn_handler.arg = this;
-  status = ucp_listener_create(worker, &listen, &listener);
-  if (status != UCS_OK) {
-    error =
-        "listening on " + bind_address + ":" + std::to_string(want_port) + ": " + ucx_text(status);
-    return false;
-  }
-  ucp_listener_attr_t attr{};
-  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  status = ucp_listener_query(listener, &attr);
-  if (status != UCS_OK) {
-    error = "UCX listener query: " + ucx_text(status);
-    return false;
-  }
-  port = ntohs(reinterpret_cast<sockaddr_in*>(&attr.sockaddr)->sin_port);  // IPv4: resolve()
-
   int worker_fd = -1;
   status = ucp_worker_get_efd(worker, &worker_fd);
   if (status != UCS_OK) {
@@ -546,22 +687,72 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
     error = std::string("epoll: ") + strerror(errno);
     return false;
   }
-  for (int fd : {worker_fd, wake_fd}) {
+  for (auto [fd, tag] : {std::pair{worker_fd, kWorkerTag}, {wake_fd, kWakeTag}}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.fd = fd;
+    ev.data.u64 = tag;
     if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
       error = std::string("epoll: ") + strerror(errno);
       return false;
     }
   }
+
+  Address where;
+  if (!numeric(bind_address, want_port, where) &&
+      !resolve(bind_address, want_port, true, where, error))
+    return false;
+  if (want_port != 0 || candidates.empty()) return listen_on(where, error);
+  // The job's ports: the first free one. One taken (another job's, a
+  // squatter's) costs nothing: callers try them in the same order.
+  std::string tried;
+  for (uint16_t candidate : candidates) {
+    set_port(where, candidate);
+    std::string why;
+    if (listen_on(where, why)) return true;
+    tried += (tried.empty() ? "" : "; ") + why;
+  }
+  error = "no free port among the job's: " + tried;
+  return false;
+}
+
+// The front door: a non-blocking TCP listener on the progress thread's
+// epoll. SO_REUSEADDR: a stager restarted on its port gets it back while the
+// connections of the one before linger in TIME_WAIT (Linux still refuses a
+// second listener on a port in use).
+bool Engine::listen_on(const Address& address, std::string& error) {
+  auto where = [&] {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&address.addr);
+    return text_of(a->sin_addr.s_addr) + ":" + std::to_string(ntohs(a->sin_port));
+  };
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(fd, reinterpret_cast<const sockaddr*>(&address.addr), address.len) != 0 ||
+      listen(fd, 128) != 0) {
+    error = "listening on " + where() + ": " + strerror(errno);
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  sockaddr_in bound{};
+  socklen_t length = sizeof bound;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenTag;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0 ||
+      epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    error = "listening on " + where() + ": " + strerror(errno);
+    close(fd);
+    return false;
+  }
+  listen_fd = fd;
+  port = ntohs(bound.sin_port);
   return true;
 }
 
-// The progress loop: our queue, then UCX until idle, then sleep on both
-// descriptors. Wakes every 20 ms while calls wait or connections are not
-// authenticated yet (to forget calls past their deadline, whose callers never
-// wait on this thread, and to drop connections past theirs), else every 200 ms.
+// The progress loop: our queue, then UCX until idle, then the front door and
+// sleep on every descriptor. Wakes every 20 ms while calls wait or handshakes
+// are under way (to forget calls past their deadline, whose callers never
+// wait on this thread, and to drop handshakes past theirs), else every 200 ms.
 void Engine::run() {
   for (;;) {
     std::deque<std::function<void()>> work;
@@ -583,14 +774,289 @@ void Engine::run() {
     }
     if (stop) return;
     sweep();
-    if (!work.empty()) continue;
-    if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
-    epoll_event events[2];
-    bool busy = !calls.empty() || !closing.empty() || unauthenticated > 0;
-    epoll_wait(epoll_fd, events, 2, busy ? 20 : 200);
+    // UCX busy or work queued: look at the descriptors without sleeping.
+    bool sleep = work.empty() && ucp_worker_arm(worker) == UCS_OK;
+    bool busy = !calls.empty() || !closing.empty() || !doors.empty();
+    epoll_event events[32];
+    int n = epoll_wait(epoll_fd, events, 32, !sleep ? 0 : busy ? 20 : 200);
+    for (int i = 0; i < n; ++i) {
+      uint64_t tag = events[i].data.u64;
+      if (tag == kListenTag)
+        accept_doors();
+      else if (tag >= kFirstId)
+        read_door(tag);
+    }
     uint64_t count;
     (void)!read(wake_fd, &count, sizeof count);
   }
+}
+
+// At most kAcceptsPerTurn a turn, so that UCX and the calls keep their share
+// of the thread whatever arrives. Only the job's addresses are kept; a new
+// connection takes the place of the oldest one in its handshake, from its
+// address, then from any, when those are at their bound.
+void Engine::accept_doors() {
+  for (int i = 0; i < kAcceptsPerTurn; ++i) {
+    sockaddr_in from{};
+    socklen_t length = sizeof from;
+    int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&from), &length,
+                     SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;  // EAGAIN, or out of descriptors: those wait in the backlog
+    uint32_t source = from.sin_addr.s_addr;
+    if (from.sin_family != AF_INET || (!allowed.empty() && !allowed.count(source))) {
+      close(fd);
+      continue;
+    }
+    auto oldest = [&](bool same_source, unsigned& count) {
+      uint64_t id = 0;
+      Clock::time_point when = Clock::time_point::max();
+      count = 0;
+      for (auto& [other, door] : doors) {
+        if (same_source && door.source != source) continue;
+        ++count;
+        if (door.opened < when) when = door.opened, id = other;
+      }
+      return id;
+    };
+    unsigned count;
+    uint64_t old = oldest(true, count);
+    if (count >= limits.unauthenticated_per_source && old) close_door(old);
+    old = oldest(false, count);
+    if (count >= limits.unauthenticated && old) close_door(old);
+
+    Door door;
+    door.fd = fd;
+    door.source = source;
+    door.opened = Clock::now();
+    Hello hello{kMagic, 0, {}};
+    // A fresh socket's buffer takes 24 bytes at once, or the caller is not
+    // one to wait for.
+    if (!random_nonce(door.nonce) ||
+        (hello.nonce = door.nonce,
+         send(fd, &hello, sizeof hello, MSG_NOSIGNAL | MSG_DONTWAIT) != ssize_t(sizeof hello))) {
+      close(fd);
+      continue;
+    }
+    uint64_t id = next_id++;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = id;
+    if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      close(fd);
+      continue;
+    }
+    doors.emplace(id, std::move(door));
+  }
+}
+
+void Engine::close_door(uint64_t id) {
+  auto it = doors.find(id);
+  if (it == doors.end()) return;
+  close(it->second.fd);  // also takes it out of the epoll set
+  doors.erase(it);
+}
+
+// The Proof, as it comes: its fixed part says how long the address is.
+void Engine::read_door(uint64_t id) {
+  auto it = doors.find(id);
+  if (it == doors.end()) return;
+  Door& door = it->second;
+  char buffer[sizeof(Proof) + kMaxAddress];
+  ssize_t n = recv(door.fd, buffer, door.want - door.in.size(), 0);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return close_door(id);
+  if (n < 0) return;
+  door.in.append(buffer, size_t(n));
+  if (door.in.size() == sizeof(Proof) && door.want == sizeof(Proof)) {
+    Proof head;
+    if (!decode_proof_head(door.in.data(), door.in.size(), head)) return close_door(id);
+    door.want = sizeof(Proof) + head.address_length;
+    return;  // the address follows
+  }
+  if (door.in.size() < door.want) return;
+  welcome(door);
+  close_door(id);
+}
+
+// A complete Proof: if it proves the key for this stager, a session, our
+// endpoint to the caller's worker, and the Welcome. Else the connection just
+// closes.
+void Engine::welcome(Door& door) {
+  Proof proof;
+  std::string_view caller;
+  if (!decode_proof_head(door.in.data(), door.in.size(), proof) || !proof_identity(proof, caller))
+    return;
+  std::string_view address(door.in.data() + sizeof proof, proof.address_length);
+  Mac expected;
+  if (!proof_mac(key, door.nonce, proof.nonce, identity, caller, address, expected) ||
+      !same_mac(expected, proof.mac))
+    return;
+  uint64_t session = random64();
+  while (by_session.count(session)) session = random64();
+  ucs_status_t status;
+  ucp_ep_h ep = connect(std::string(address), status);
+  if (!ep) return;
+  uint64_t conn_id = next_id++;
+  Conn& conn = conns[conn_id];
+  conn.ep = ep;
+  conn.server = true;
+  conn.peer = "the caller " + std::string(caller) + " at " + text_of(door.source);
+  conn.session = session;
+  conn.nonce = door.nonce;
+  conn.source = door.source;
+  conn.opened = Clock::now();
+  by_ep[ep] = conn_id;
+  by_session[session] = conn_id;
+
+  Welcome w{kMagic, uint32_t(worker_address.size()), session, {}};
+  std::string out;
+  if (welcome_mac(key, door.nonce, proof.nonce, identity, caller, session, worker_address, w.mac)) {
+    out.assign(reinterpret_cast<const char*>(&w), sizeof w);
+    out += worker_address;
+  }
+  // A caller with the key reads its Welcome at once: one that leaves it in
+  // the socket's buffer (at most kMaxAddress and a header) gets no session.
+  if (out.empty() ||
+      send(door.fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT) != ssize_t(out.size()))
+    return drop(conn_id);
+
+  // A restarted caller's new session replaces its oldest.
+  uint64_t oldest = 0;
+  unsigned count = 0;
+  Clock::time_point when = Clock::time_point::max();
+  for (auto& [other, c] : conns) {
+    if (!c.server || c.source != door.source) continue;
+    ++count;
+    if (other != conn_id && c.opened < when) when = c.opened, oldest = other;
+  }
+  if (count > limits.authenticated_per_source && oldest) drop(oldest, false);
+}
+
+ucp_ep_h Engine::connect(const std::string& address, ucs_status_t& status) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = on_ep_error;
+  params.err_handler.arg = this;
+  ucp_ep_h ep = nullptr;
+  status = ucp_ep_create(worker, &params, &ep);
+  return status == UCS_OK ? ep : nullptr;
+}
+
+// The caller's side of the front door, on the calling thread.
+Status Engine::handshake(const Address& address, const std::string& host, const std::string& peer,
+                         Clock::time_point deadline, Session& out) {
+  Fd s{socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)};
+  if (s.fd < 0) return {Code::error, std::string("socket: ") + strerror(errno)};
+  if (::connect(s.fd, reinterpret_cast<const sockaddr*>(&address.addr), address.len) != 0) {
+    int err = errno;
+    if (err == EINPROGRESS && wait_fd(s.fd, POLLOUT, deadline) > 0) {
+      socklen_t length = sizeof err;
+      getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &err, &length);
+    } else if (err == EINPROGRESS) {
+      err = errno;
+    }
+    if (err == ETIMEDOUT) return {Code::timeout, "no answer from " + peer + " in time"};
+    if (err != 0 && err != EISCONN)
+      return {Code::unreachable, "connecting to " + peer + ": " + strerror(err)};
+  }
+  auto io_failed = [&](int rc, const char* what) -> Status {
+    if (rc == 0)
+      return {Code::refused, peer + " rejected the connection " + what +
+                                 " (not a stager of this job, or not from one of its nodes)"};
+    if (errno == ETIMEDOUT) return {Code::timeout, "no answer from " + peer + " in time"};
+    return {Code::unreachable, "the connection to " + peer + " broke: " + strerror(errno)};
+  };
+  Hello hello;
+  char buffer[sizeof(Welcome) + kMaxAddress];
+  int rc = read_exact(s.fd, buffer, sizeof hello, deadline);
+  if (rc <= 0) return io_failed(rc, "at once");
+  if (!decode_hello(buffer, sizeof hello, hello))
+    return {Code::refused, peer + " is not a Monarch stager's front door"};
+
+  Proof proof{kMagic, uint32_t(worker_address.size()), {}, {}, {}};
+  if (!random_nonce(proof.nonce)) return {Code::error, "no random bytes"};
+  std::memcpy(proof.identity, this->identity.data(), this->identity.size());
+  if (!proof_mac(key, hello.nonce, proof.nonce, host, this->identity, worker_address, proof.mac))
+    return {Code::error, "HMAC-SHA256 (OpenSSL) failed"};
+  std::string message(reinterpret_cast<const char*>(&proof), sizeof proof);
+  message += worker_address;
+  rc = write_all(s.fd, message.data(), message.size(), deadline);
+  if (rc <= 0) return io_failed(rc, "");
+
+  Welcome w;
+  rc = read_exact(s.fd, buffer, sizeof w, deadline);
+  if (rc == 0)
+    return {Code::refused, peer +
+                               " did not take this job's key (not a stager of this job, or "
+                               "not the one asked for)"};
+  if (rc < 0) return io_failed(rc, "");
+  if (!decode_welcome_head(buffer, sizeof w, w))
+    return {Code::refused, peer + ": not a Monarch stager's welcome"};
+  rc = read_exact(s.fd, buffer + sizeof w, w.address_length, deadline);
+  if (rc <= 0) return io_failed(rc, "");
+  std::string_view theirs(buffer + sizeof w, w.address_length);
+  Mac expected;
+  if (!welcome_mac(key, hello.nonce, proof.nonce, host, this->identity, w.session, theirs,
+                   expected) ||
+      !same_mac(expected, w.mac))
+    return {Code::refused, peer + ": welcome not signed with this job's key"};
+  out = {w.session, hello.nonce, std::string(theirs)};
+  return {};
+}
+
+// The session with host:port: the one we have, else a handshake (one at a
+// time per peer; the others wait for it, within their deadline).
+Status Engine::session_for(const std::string& host, uint16_t port, Clock::time_point deadline,
+                           Session& out) {
+  std::string peer = host + ":" + std::to_string(port);
+  std::shared_ptr<std::timed_mutex> lock;
+  {
+    std::lock_guard guard(sessions_mutex);
+    if (auto it = sessions.find(peer); it != sessions.end()) {
+      out = it->second;
+      return {};
+    }
+    auto& l = handshaking[peer];
+    if (!l) l = std::make_shared<std::timed_mutex>();
+    lock = l;
+  }
+  std::unique_lock held(*lock, std::defer_lock);
+  if (!held.try_lock_until(deadline)) return {Code::timeout, "no answer from " + peer + " in time"};
+  {
+    std::lock_guard guard(sessions_mutex);
+    if (auto it = sessions.find(peer); it != sessions.end()) {
+      out = it->second;
+      return {};
+    }
+  }
+  Address address;
+  {
+    std::lock_guard guard(resolved_mutex);
+    if (auto it = resolved.find(host); it != resolved.end()) address = it->second;
+  }
+  if (address.len == 0) {
+    std::string error;
+    auto known = hosts.find(host);
+    if (known != hosts.end() ? !numeric(known->second, 0, address)
+                             : !resolve(host, 0, false, address, error))
+      return {Code::unreachable, error.empty() ? "no address for " + host : error};
+    std::lock_guard guard(resolved_mutex);
+    resolved[host] = address;
+  }
+  set_port(address, port);
+  Status status = handshake(address, host, peer, deadline, out);
+  if (!status.ok()) return status;
+  std::lock_guard guard(sessions_mutex);
+  sessions[peer] = out;
+  return {};
+}
+
+void Engine::forget_session(const std::string& peer, uint64_t session) {
+  std::lock_guard guard(sessions_mutex);
+  auto it = sessions.find(peer);
+  if (it != sessions.end() && it->second.id == session) sessions.erase(it);
 }
 
 // After run() returned: every call fails, every connection closes (forced:
@@ -598,7 +1064,6 @@ void Engine::run() {
 void Engine::shutdown() {
   for (auto& [id, call] : calls) call->finish(Code::error, "peer transport stopped");
   calls.clear();
-  if (listener) ucp_listener_destroy(listener);
   for (auto& [id, conn] : conns) close_ep(conn.ep, true);
   conns.clear();
   auto give_up = Clock::now() + std::chrono::seconds(1);
@@ -628,9 +1093,8 @@ void Engine::close_ep(ucp_ep_h ep, bool force) {
 }
 
 // Calls past their deadline fail; those their caller gave up on are
-// forgotten (an answer arriving later is dropped). Accepted connections
-// without a valid request in time are dropped. Closes that completed are
-// freed.
+// forgotten (an answer arriving later is dropped). Handshakes not done in
+// time are dropped. Closes that completed are freed.
 void Engine::sweep() {
   auto now = Clock::now();
   if (now < next_sweep) return;
@@ -650,14 +1114,10 @@ void Engine::sweep() {
     if (auto conn = conns.find(call.conn); conn != conns.end()) conn->second.calls.erase(it->first);
     it = calls.erase(it);
   }
-  if (unauthenticated > 0) {
-    std::vector<uint64_t> late;
-    for (auto& [id, conn] : conns)
-      if (conn.server && !conn.authenticated &&
-          now - conn.opened > std::chrono::milliseconds(limits.auth_ms))
-        late.push_back(id);
-    for (uint64_t id : late) drop(id);
-  }
+  std::vector<uint64_t> late;
+  for (auto& [id, door] : doors)
+    if (now - door.opened > std::chrono::milliseconds(limits.auth_ms)) late.push_back(id);
+  for (uint64_t id : late) close_door(id);
   for (size_t i = 0; i < closing.size();) {
     if (ucp_request_check_status(closing[i]) == UCS_INPROGRESS) {
       ++i;
@@ -669,12 +1129,13 @@ void Engine::sweep() {
   }
 }
 
-// An accepted connection closed at once, unanswered.
-void Engine::drop(uint64_t id) {
+// A connection closed: forced, answers not sent yet are dropped; else they
+// go first.
+void Engine::drop(uint64_t id, bool force) {
   auto it = conns.find(id);
   if (it == conns.end()) return;
-  if (it->second.server && !it->second.authenticated) --unauthenticated;
-  close_ep(it->second.ep, true);
+  if (it->second.server) by_session.erase(it->second.session);
+  close_ep(it->second.ep, force);
   conns.erase(it);
 }
 
@@ -688,190 +1149,11 @@ void Engine::fail_conn(uint64_t id, const std::string& why, Code code) {
     call->second->finish(code, why);
     calls.erase(call);
   }
-  if (!conn.server) called.erase(conn.peer);
+  if (!conn.server) {
+    called.erase(conn.peer);
+    forget_session(conn.peer, conn.session);
+  }
   drop(id);
-}
-
-void Engine::start_call(const std::shared_ptr<Call>& call) {
-  {
-    std::lock_guard lock(call->m);
-    if (call->done) return;  // its caller gave up while it waited in the queue
-  }
-  uint64_t conn_id;
-  if (auto it = called.find(call->peer); it != called.end()) {
-    conn_id = it->second;
-  } else {
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER | UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&call->address.addr);
-    params.sockaddr.addrlen = call->address.len;
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = on_ep_error;
-    params.err_handler.arg = this;
-    ucp_ep_h ep;
-    ucs_status_t status = ucp_ep_create(worker, &params, &ep);
-    if (status != UCS_OK) {
-      call->finish(Code::unreachable, "connecting to " + call->peer + ": " + ucx_text(status));
-      return;
-    }
-    conn_id = next_id++;
-    Conn& conn = conns[conn_id];
-    conn.ep = ep;
-    conn.peer = call->peer;
-    by_ep[ep] = conn_id;
-    called[call->peer] = conn_id;
-  }
-  uint64_t call_id = next_id++;
-  call->id = call_id;
-  call->conn = conn_id;
-  calls[call_id] = call;
-  Conn& conn = conns[conn_id];
-  conn.calls.insert(call_id);
-  if (conn.ready)
-    send_request(conn, call_id);
-  else
-    conn.before_challenge.push_back(call_id);
-}
-
-// Signed here, with the connection's challenge and its next sequence number.
-void Engine::send_request(Conn& conn, uint64_t call_id) {
-  auto it = calls.find(call_id);
-  if (it == calls.end()) return;  // given up meanwhile
-  std::shared_ptr<Call> call = it->second;
-  call->seq = conn.next_seq++;
-  call->nonce = conn.nonce;
-  RequestHeader header{kMagic, 0, call_id, call->seq, {}};
-  if (!request_mac(key, conn.nonce, call->seq, call_id, call->host, call->request, header.mac))
-    return call->finish(Code::error, "HMAC-SHA256 (OpenSSL) failed");
-  auto* ctx = new SendContext{this, {}, {}, call, {}};
-  ctx->header.assign(reinterpret_cast<const char*>(&header), sizeof header);
-  send_am(conn.ep, kRequestAm, call->request.data(), call->request.size(), UCP_AM_SEND_FLAG_REPLY,
-          ctx);
-}
-
-// Answers carry the reply flag: the caller checks they came back on the
-// connection its request went out on.
-void Engine::send_answer(uint64_t conn_id, uint64_t call_id, const AnswerHeader& header,
-                         std::vector<char> bytes, std::shared_ptr<void> hold) {
-  (void)call_id;
-  auto it = conns.find(conn_id);
-  if (it == conns.end()) return;  // the caller is gone: nobody to tell
-  Conn& conn = it->second;
-  if (conn.in_flight > 0) --conn.in_flight;
-  auto* ctx = new SendContext{this, {}, std::move(bytes), nullptr, std::move(hold)};
-  ctx->header.assign(reinterpret_cast<const char*>(&header), sizeof header);
-  send_am(conn.ep, kAnswerAm, ctx->payload.data(), ctx->payload.size(), UCP_AM_SEND_FLAG_REPLY,
-          ctx);
-}
-
-// An answer made on the progress thread: short texts only.
-void Engine::sign_and_send(uint64_t conn_id, uint64_t call_id, uint64_t seq, uint32_t answer,
-                           std::string text) {
-  auto it = conns.find(conn_id);
-  if (it == conns.end()) return;
-  AnswerHeader header{kMagic, answer, call_id, {}};
-  // All zeros if OpenSSL failed: the caller takes it for a stranger's.
-  answer_mac(key, it->second.nonce, seq, call_id, answer, text, header.mac);
-  ++it->second.in_flight;  // send_answer counts it out
-  send_answer(conn_id, call_id, header, {text.begin(), text.end()}, {});
-}
-
-// Told why, then closed: the caller learns it was refused rather than that
-// the connection broke. Nothing it sends later is read.
-void Engine::refuse(uint64_t conn_id, uint64_t call_id, uint64_t seq, std::string why) {
-  auto it = conns.find(conn_id);
-  if (it == conns.end() || it->second.refused) return;
-  it->second.refused = true;
-  later.push_back([this, conn_id, call_id, seq, why = std::move(why)] {
-    sign_and_send(conn_id, call_id, seq, kAnswerRefused, why);
-    auto it = conns.find(conn_id);
-    if (it == conns.end()) return;
-    if (it->second.server && !it->second.authenticated) --unauthenticated;
-    close_ep(it->second.ep, false);  // flushes the answer first
-    conns.erase(it);
-  });
-}
-
-void Engine::on_conn_request(ucp_conn_request_h request, void* arg) {
-  auto* self = static_cast<Engine*>(arg);
-  self->later.push_back([self, request] { self->accept(request); });
-}
-
-// Only the job's addresses with the job's token get an endpoint; a new
-// connection takes the place of the oldest one not authenticated yet, from
-// its address, then from any, when those are at their bound.
-void Engine::accept(ucp_conn_request_h request) {
-  ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR | UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID;
-  uint32_t source = 0;
-  bool good = ucp_conn_request_query(request, &attr) == UCS_OK &&
-              attr.client_address.ss_family == AF_INET && attr.client_id == token;
-  if (good) source = reinterpret_cast<sockaddr_in*>(&attr.client_address)->sin_addr.s_addr;
-  if (!good || (!allowed.empty() && !allowed.count(source))) {
-    ucp_listener_reject(listener, request);
-    return;
-  }
-  auto oldest_unauthenticated = [&](bool same_source, unsigned& count) {
-    uint64_t oldest = 0;
-    Clock::time_point when = Clock::time_point::max();
-    count = 0;
-    for (auto& [id, conn] : conns) {
-      if (!conn.server || conn.authenticated || (same_source && conn.source != source)) continue;
-      ++count;
-      if (conn.opened < when) when = conn.opened, oldest = id;
-    }
-    return oldest;
-  };
-  unsigned count;
-  uint64_t oldest = oldest_unauthenticated(true, count);
-  if (count >= limits.unauthenticated_per_source && oldest) drop(oldest);
-  oldest = oldest_unauthenticated(false, count);
-  if (count >= limits.unauthenticated && oldest) drop(oldest);
-
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.conn_request = request;
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler.cb = on_ep_error;
-  params.err_handler.arg = this;
-  ucp_ep_h ep;
-  if (ucp_ep_create(worker, &params, &ep) != UCS_OK) return;
-  uint64_t id = next_id++;
-  Conn& conn = conns[id];
-  conn.ep = ep;
-  conn.server = true;
-  conn.peer = "a caller at " + text_of(source);
-  conn.source = source;
-  conn.opened = Clock::now();
-  ++unauthenticated;
-  by_ep[ep] = id;
-  if (getrandom(conn.nonce.data(), conn.nonce.size(), 0) != ssize_t(conn.nonce.size()))
-    return drop(id);
-  Challenge challenge{kMagic, 0, conn.nonce};
-  auto* ctx = new SendContext{this, {}, {}, nullptr, {}};
-  ctx->header.assign(reinterpret_cast<const char*>(&challenge), sizeof challenge);
-  send_am(ep, kChallengeAm, nullptr, 0, UCP_AM_SEND_FLAG_REPLY, ctx);
-}
-
-// Its first valid request: no longer counted among the unauthenticated; the
-// oldest authenticated connection from its address goes when there are too
-// many (a stager that restarted replaces its old connection).
-void Engine::authenticated(uint64_t id) {
-  Conn& conn = conns[id];
-  conn.authenticated = true;
-  --unauthenticated;
-  uint64_t oldest = 0;
-  unsigned count = 0;
-  Clock::time_point when = Clock::time_point::max();
-  for (auto& [other, c] : conns) {
-    if (!c.server || !c.authenticated || c.source != conn.source) continue;
-    ++count;
-    if (other != id && c.opened < when) when = c.opened, oldest = other;
-  }
-  if (count > limits.authenticated_per_source && oldest) drop(oldest);
 }
 
 void Engine::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -882,65 +1164,129 @@ void Engine::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
   self->later.push_back([self, id, status] {
     auto conn = self->conns.find(id);
     if (conn == self->conns.end()) return;
-    // Rejected: the listener there is not of this job (another connection
-    // token), or does not take this node's address for one of the job's.
-    if (status == UCS_ERR_REJECTED)
-      return self->fail_conn(id,
-                             conn->second.peer +
-                                 " rejected the connection (not a stager of "
-                                 "this job, or not from one of its nodes)",
-                             Code::refused);
     self->fail_conn(id, "connection to " + conn->second.peer + " lost: " + ucx_text(status));
   });
 }
 
-// Our connection's challenge: the calls waiting for it go out.
-ucs_status_t Engine::on_challenge(void* arg, const void* header, size_t header_length,
-                                  void* /*data*/, size_t length, const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<Engine*>(arg);
-  Challenge c;
-  if (!decode_challenge(header, header_length, length, c) ||
-      !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
-    return UCS_OK;
-  auto by_ep = self->by_ep.find(param->reply_ep);
-  if (by_ep == self->by_ep.end()) return UCS_OK;
-  Conn& conn = self->conns[by_ep->second];
-  if (conn.server || conn.ready) return UCS_OK;  // one challenge, from the side we called
-  conn.nonce = c.nonce;
-  conn.ready = true;
-  for (uint64_t call_id : std::exchange(conn.before_challenge, {}))
-    self->send_request(conn, call_id);
-  return UCS_OK;
+void Engine::start_call(const std::shared_ptr<Call>& call) {
+  {
+    std::lock_guard lock(call->m);
+    if (call->done) return;  // its caller gave up while it waited in the queue
+  }
+  uint64_t conn_id = 0;
+  if (auto it = called.find(call->peer); it != called.end()) {
+    conn_id = it->second;
+    // A session made after this one broke: this one goes.
+    if (conns[conn_id].session != call->session.id) {
+      fail_conn(conn_id, "session with " + call->peer + " replaced");
+      conn_id = 0;
+    }
+  }
+  if (!conn_id) {
+    ucs_status_t status;
+    ucp_ep_h ep = connect(call->session.address, status);
+    if (!ep) {
+      forget_session(call->peer, call->session.id);
+      call->finish(Code::unreachable, "connecting to " + call->peer + ": " + ucx_text(status));
+      return;
+    }
+    conn_id = next_id++;
+    Conn& conn = conns[conn_id];
+    conn.ep = ep;
+    conn.peer = call->peer;
+    conn.session = call->session.id;
+    conn.nonce = call->session.nonce;
+    by_ep[ep] = conn_id;
+    called[call->peer] = conn_id;
+  }
+  uint64_t call_id = random64();
+  while (calls.count(call_id)) call_id = random64();
+  call->id = call_id;
+  call->conn = conn_id;
+  calls[call_id] = call;
+  Conn& conn = conns[conn_id];
+  conn.calls.insert(call_id);
+  send_request(conn, call_id);
 }
 
-// A request is served only if it decodes, is fresh on its connection, and
-// its MAC verifies for this stager's key, identity and the connection's
-// challenge. Nothing of a request by rendezvous is received.
+// Signed here, with the session's nonce and its next sequence number.
+void Engine::send_request(Conn& conn, uint64_t call_id) {
+  auto it = calls.find(call_id);
+  if (it == calls.end()) return;  // given up meanwhile
+  std::shared_ptr<Call> call = it->second;
+  call->seq = conn.next_seq++;
+  RequestHeader header{kMagic, 0, conn.session, call_id, call->seq, {}};
+  if (!request_mac(key, conn.nonce, call->seq, call_id, call->host, call->request, header.mac))
+    return call->finish(Code::error, "HMAC-SHA256 (OpenSSL) failed");
+  auto* ctx = new SendContext{this, {}, {}, call, {}};
+  ctx->header.assign(reinterpret_cast<const char*>(&header), sizeof header);
+  send_am(conn.ep, kRequestAm, call->request.data(), call->request.size(), ctx);
+}
+
+// On our own endpoint of the session, never on a reply endpoint.
+void Engine::send_answer(uint64_t session, const AnswerHeader& header, std::vector<char> bytes,
+                         std::shared_ptr<void> hold) {
+  auto by = by_session.find(session);
+  if (by == by_session.end()) return;  // the caller is gone: nobody to tell
+  Conn& conn = conns[by->second];
+  if (conn.in_flight > 0) --conn.in_flight;
+  auto* ctx = new SendContext{this, {}, std::move(bytes), nullptr, std::move(hold)};
+  ctx->header.assign(reinterpret_cast<const char*>(&header), sizeof header);
+  send_am(conn.ep, kAnswerAm, ctx->payload.data(), ctx->payload.size(), ctx);
+}
+
+// An answer made on the progress thread: short texts only.
+void Engine::sign_and_send(uint64_t session, uint64_t call_id, uint64_t seq, uint32_t answer,
+                           std::string text) {
+  auto by = by_session.find(session);
+  if (by == by_session.end()) return;
+  Conn& conn = conns[by->second];
+  AnswerHeader header{kMagic, answer, session, call_id, {}};
+  // All zeros if OpenSSL failed: the caller takes it for a stranger's.
+  answer_mac(key, conn.nonce, seq, call_id, answer, text, header.mac);
+  ++conn.in_flight;  // send_answer counts it out
+  send_answer(session, header, {text.begin(), text.end()}, {});
+}
+
+// Told why, then the session ends: the caller learns it was refused rather
+// than that the connection broke. Nothing it sends later is read.
+void Engine::refuse(uint64_t conn_id, uint64_t call_id, uint64_t seq, std::string why) {
+  auto it = conns.find(conn_id);
+  if (it == conns.end() || it->second.refused) return;
+  it->second.refused = true;
+  uint64_t session = it->second.session;
+  by_session.erase(session);  // no request of it is looked at again
+  later.push_back([this, conn_id, session, call_id, seq, why = std::move(why)] {
+    auto it = conns.find(conn_id);
+    if (it == conns.end()) return;
+    by_session[session] = conn_id;  // for sign_and_send only
+    sign_and_send(session, call_id, seq, kAnswerRefused, why);
+    drop(conn_id, false);  // flushes the answer first
+  });
+}
+
+// A request is served only if it decodes, names a live session, is fresh in
+// it, and its MAC verifies for this stager's key, identity and the session's
+// nonce. Nothing of a request by rendezvous is received; the endpoint it came
+// on is not looked at.
 ucs_status_t Engine::on_request(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Engine*>(arg);
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
-  auto by_ep = self->by_ep.find(param->reply_ep);
-  if (by_ep == self->by_ep.end()) return UCS_OK;
-  uint64_t conn_id = by_ep->second;
-  Conn& conn = self->conns[conn_id];
-  if (conn.refused) return UCS_OK;
-  if (!conn.server) {  // requests come to our listener, never back on our calls
-    self->later.push_back([self, conn_id] {
-      self->fail_conn(conn_id, "a request came back on a connection this stager opened");
-    });
-    return UCS_OK;
-  }
   RequestHeader h;
   std::string why;
-  if (!decode_request(header, header_length, length, param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV,
-                      h, why)) {
+  bool decoded = decode_request(header, header_length, length,
+                                param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV, h, why);
+  auto by = self->by_session.find(h.session);
+  if (h.session == 0 || by == self->by_session.end()) return UCS_OK;  // nobody to answer
+  uint64_t conn_id = by->second;
+  Conn& conn = self->conns[conn_id];
+  if (!decoded) {
     self->refuse(conn_id, h.call, h.seq, "refused: " + why);
     return UCS_OK;
   }
   if (!conn.window.fresh(h.seq)) {
     self->refuse(conn_id, h.call, h.seq,
-                 "refused: request " + std::to_string(h.seq) + " on this connection already seen");
+                 "refused: request " + std::to_string(h.seq) + " of this session already seen");
     return UCS_OK;
   }
   std::string_view request(static_cast<const char*>(data), length);
@@ -952,35 +1298,37 @@ ucs_status_t Engine::on_request(void* arg, const void* header, size_t header_len
     return UCS_OK;
   }
   conn.window.take(h.seq);
-  if (!conn.authenticated) self->authenticated(conn_id);
   if (conn.in_flight >= self->limits.in_flight) {
-    self->later.push_back([self, conn_id, call = h.call, seq = h.seq] {
-      self->sign_and_send(conn_id, call, seq, kAnswerError, "busy: too many requests at once");
+    self->later.push_back([self, session = h.session, call = h.call, seq = h.seq] {
+      self->sign_and_send(session, call, seq, kAnswerError, "busy: too many requests at once");
     });
     return UCS_OK;
   }
   ++conn.in_flight;
-  self->dispatch(conn_id, h.call, h.seq, std::vector<char>(request.begin(), request.end()));
+  self->dispatch(h.session, h.call, h.seq, std::vector<char>(request.begin(), request.end()));
   return UCS_OK;
 }
 
+// Taken only for a call waiting on the session it names (call ids are
+// random: nobody without the session's traffic names one).
 ucs_status_t Engine::on_answer(void* arg, const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Engine*>(arg);
   AnswerHeader h;
-  if (!decode_answer(header, header_length, h) ||
-      !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
-    return UCS_OK;
-  // Only on the connection the request went out on (our client side): one
-  // that someone opened to our listener cannot answer our calls.
-  auto by_ep = self->by_ep.find(param->reply_ep);
+  if (!decode_answer(header, header_length, h)) return UCS_OK;
   auto it = self->calls.find(h.call);
-  if (by_ep == self->by_ep.end() || it == self->calls.end()) return UCS_OK;  // late: given up
-  if (it->second->conn != by_ep->second || it->second->seq == 0) return UCS_OK;
+  if (it == self->calls.end()) return UCS_OK;  // late: given up
+  auto conn = self->conns.find(it->second->conn);
+  if (conn == self->conns.end() || conn->second.session != h.session || it->second->seq == 0)
+    return UCS_OK;
   std::shared_ptr<Call> call = it->second;
   self->calls.erase(it);
-  if (auto conn = self->conns.find(call->conn); conn != self->conns.end())
-    conn->second.calls.erase(h.call);
+  conn->second.calls.erase(h.call);
+  // Refused: the server ended the session; the next call makes another.
+  if (h.answer == kAnswerRefused)
+    self->later.push_back([self, id = call->conn, peer = call->peer] {
+      self->fail_conn(id, "refused by " + peer, Code::refused);
+    });
 
   if (length > call->max_reply) {
     call->finish(Code::error, call->peer + ": answer of " + std::to_string(length) +
@@ -1000,13 +1348,13 @@ ucs_status_t Engine::on_answer(void* arg, const void* header, size_t header_leng
   return UCS_OK;
 }
 
-void Engine::dispatch(uint64_t conn, uint64_t call, uint64_t seq, std::vector<char> request) {
+void Engine::dispatch(uint64_t session, uint64_t call, uint64_t seq, std::vector<char> request) {
   Reply reply;
   reply.engine_ = weak_from_this();
-  reply.conn_ = conn;
+  reply.session_ = session;
   reply.call_ = call;
   reply.seq_ = seq;
-  reply.nonce_ = conns[conn].nonce;
+  reply.nonce_ = conns[by_session[session]].nonce;
   reply.armed_ = true;
   try {
     handler(std::move(request), std::move(reply));
@@ -1024,7 +1372,7 @@ Reply& Reply::operator=(Reply&& other) noexcept {
   if (this != &other) {
     if (armed_) fail("dropped without a reply");
     engine_ = std::move(other.engine_);
-    conn_ = other.conn_;
+    session_ = other.session_;
     call_ = other.call_;
     seq_ = other.seq_;
     nonce_ = other.nonce_;
@@ -1052,25 +1400,37 @@ void Reply::answer(uint32_t code, std::vector<char> bytes, std::shared_ptr<void>
   armed_ = false;
   std::shared_ptr<Engine> engine = engine_.lock();
   if (!engine) return;
-  AnswerHeader header{kMagic, code, call_, {}};
+  AnswerHeader header{kMagic, code, session_, call_, {}};
   // All zeros if OpenSSL failed: the caller takes it for a stranger's.
   answer_mac(engine->key, nonce_, seq_, call_, code, {bytes.data(), bytes.size()}, header.mac);
   Engine* raw = engine.get();  // the queue runs only while the engine lives
-  raw->post([raw, conn = conn_, call = call_, header, bytes = std::move(bytes),
+  raw->post([raw, session = session_, header, bytes = std::move(bytes),
              hold = std::move(hold)]() mutable {
-    raw->send_answer(conn, call, header, std::move(bytes), std::move(hold));
+    raw->send_answer(session, header, std::move(bytes), std::move(hold));
   });
 }
 
 Peers::Peers(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
 
 std::unique_ptr<Peers> Peers::start(Options options, Handler handler, std::string& error) {
+  if (options.identity.empty() || options.identity.size() > kMaxIdentity ||
+      options.identity.find('\0') != std::string::npos) {
+    error = "a stager's name of 1 to " + std::to_string(kMaxIdentity) + " bytes, not '" +
+            options.identity + "'";
+    return nullptr;
+  }
+  if (options.port == 0 && options.port_high != 0 &&
+      (options.port_low == 0 || options.port_high < options.port_low)) {
+    error = "an empty port range " + std::to_string(options.port_low) + "-" +
+            std::to_string(options.port_high);
+    return nullptr;
+  }
   auto engine = std::make_shared<Engine>();
   engine->key = std::move(options.key);
   engine->identity = std::move(options.identity);
-  engine->token = connect_token(engine->key);
   engine->limits = options.limits;
   engine->handler = std::move(handler);
+  engine->candidates = port_candidates(engine->key, options.port_low, options.port_high);
   for (auto& [name, text] : options.hosts) {
     Address a;
     if (!numeric(text, 0, a)) {
@@ -1103,36 +1463,39 @@ uint16_t Peers::port() const {
   return engine_->port;
 }
 
+std::string Peers::worker_address() const {
+  return engine_->worker_address;
+}
+
 Status Peers::call(const std::string& host, uint16_t port, std::string_view request,
                    std::vector<char>& reply, int timeout_ms, size_t max_reply) {
   reply.clear();
   if (request.size() > kMaxRequest)
     return {Code::error, "a request of " + std::to_string(request.size()) + " bytes (at most " +
                              std::to_string(kMaxRequest) + ")"};
+  auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  Engine* engine = engine_.get();
+  // The job's candidates: the first whose front door proves the key.
+  std::vector<uint16_t> ports = port ? std::vector<uint16_t>{port} : engine->candidates;
+  if (ports.empty()) return {Code::error, "no port to call " + host + " on (no port range)"};
   auto call = std::make_shared<Call>();
+  Status status;
+  for (uint16_t candidate : ports) {
+    status = engine->session_for(host, candidate, deadline, call->session);
+    if (status.ok()) {
+      call->peer = host + ":" + std::to_string(candidate);
+      break;
+    }
+    if (status.code == Code::timeout || status.code == Code::error) return status;
+  }
+  if (!status.ok()) return status;
   call->max_reply = max_reply;
-  call->deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  call->deadline = deadline;
   call->host = host;
-  call->peer = host + ":" + std::to_string(port);
   call->reply = std::move(reply);
   call->reply.clear();
-  {
-    std::lock_guard lock(engine_->resolved_mutex);
-    auto it = engine_->resolved.find(call->peer);
-    if (it != engine_->resolved.end()) call->address = it->second;
-  }
-  if (call->address.len == 0) {
-    std::string error;
-    auto known = engine_->hosts.find(host);
-    if (known != engine_->hosts.end() ? !numeric(known->second, port, call->address)
-                                      : !resolve(host, port, false, call->address, error))
-      return {Code::unreachable, error.empty() ? "no address for " + host : error};
-    std::lock_guard lock(engine_->resolved_mutex);
-    engine_->resolved[call->peer] = call->address;
-  }
   call->request.assign(request);
 
-  Engine* engine = engine_.get();
   if (!engine->post([engine, call] { engine->start_call(call); }))
     return {Code::error, "peer transport stopped"};
   {
@@ -1146,7 +1509,7 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
   }
   // Received: verified here, on the caller's thread, before a byte is taken.
   Mac expected;
-  if (!answer_mac(engine->key, call->nonce, call->seq, call->id, call->answer,
+  if (!answer_mac(engine->key, call->session.nonce, call->seq, call->id, call->answer,
                   {call->reply.data(), call->reply.size()}, expected) ||
       !same_mac(expected, call->mac))
     return {Code::refused, call->peer + ": answer not signed with this job's key"};

@@ -3,55 +3,81 @@
 // by UCX). Only the stagers link it: UCX is not fork-safe, and the processes
 // of a job (which fork DataLoader workers) never talk to another node.
 //
-// One Peers per stager: it listens on an address (UCX's sockaddr connection
-// manager) and calls other stagers' listeners. It owns one UCX context and
-// worker, driven by its own progress thread; no UCX call is made from any
-// other thread, so callers and handlers never touch UCX and need no locks.
+// One Peers per stager: it listens on a port of the job (its front door, a
+// plain TCP listener of ours) and calls other stagers' front doors. It owns
+// one UCX context and worker, driven by its own progress thread, which also
+// serves the front door; no UCX call is made from any other thread, so
+// callers and handlers never touch UCX and need no locks.
 //
-// What is authenticated. A job's stagers share a secret key, which never
-// leaves the process. Nothing is allocated or computed for a peer before it
-// passes these checks, in this order:
-// 1. Connection: the caller's address must be one of the job's nodes
-//    (Options::hosts, when given) and its connection request must carry the
-//    job's connection token (connect_token(key): 64 bits derived from the key,
-//    sent in clear; it keeps out whoever never saw a connection of the job, a
-//    process that took the job's port first sees it). Others are rejected
-//    before UCX makes an endpoint.
-// 2. Challenge: on accepting, the server sends a fresh random 128-bit nonce;
-//    the caller sends no request before it has it.
-// 3. Request: a fixed header and at most kMaxRequest bytes, never received by
-//    rendezvous (anything else closes the connection unread). Its MAC,
-//    HMAC-SHA256(key, "monarch-request" nonce seq call len32(dest) dest
-//    request), covers the connection's nonce, a per-connection sequence number
-//    (fresh within a sliding window of 64: a replayed request is refused, on
-//    its connection or any other) and the name the caller asked for, checked
-//    against the server's `identity` (a request meant for another stager is
-//    refused). A request that fails is answered `refused` and its connection
-//    closed. Only then is the handler called.
-// 4. Answer: HMAC-SHA256(key, "monarch-answer" nonce seq call answer32
-//    length64 payload) covers the whole answer. A caller takes an answer only
-//    from the connection its request went out on, receives at most max_reply
-//    bytes of it, and verifies the MAC (on its own thread) before it takes a
-//    byte: a squatter's or tampered answer is `refused`.
-// Secrecy is not provided (file bytes travel in clear, as from the PFS).
+// The front door. UCX's own sockaddr connection manager is never exposed:
+// UCX 1.13.1 (Debian 12) aborts the process on 64 bytes of TCP garbage or
+// fast connection churn on it. Instead each call to a stager it has no
+// session with starts with a handshake on the front door, three fixed-size
+// messages (wire::Hello, Proof, Welcome), done by the calling thread with
+// the call's deadline:
+// 1. The server, at accept (only from the job's addresses, Options::hosts,
+//    when given: others are closed unread), sends a fresh random 128-bit
+//    nonce.
+// 2. The caller proves the job's key: HMAC-SHA256(key, "monarch-door-caller"
+//    server-nonce caller-nonce len32(destination) destination len32(caller)
+//    caller len32(address) address), where destination is the name it calls
+//    (checked against the server's `identity`), caller its own identity and
+//    address its UCX worker address (at most kMaxAddress bytes).
+// 3. The server proves it back: HMAC-SHA256(key, "monarch-door-server" the
+//    same fields, then the session id and its own worker address) and hands
+//    the caller its worker address and a random 64-bit session id, then
+//    closes the door connection. The caller takes neither before the MAC
+//    verifies (a squatter on the port is `refused`).
+// Each side then makes its own UCX endpoint to the other's worker address
+// (err mode PEER) and sends only on it: requests go caller to server, answers
+// server to caller. UCX's reply endpoints are never kept: UCX destroys them
+// when their peer fails, at any progress.
 //
-// Known limit: the listener is UCX's TCP connection manager, and UCX 1.13.1
-// (Debian 12) aborts the process on malformed connection data (64 bytes of
-// plain TCP) or fast connection churn (a stale event on a reused descriptor,
-// fixed upstream by openucx/ucx#11458), before any check above runs: whoever
-// can reach the port can stop this stager (its node then reads the PFS).
+// What is authenticated over UCX. A job's stagers share a secret key, which
+// never leaves the process. A request is served only if:
+// - its header names a live session (else it is dropped unread, unanswered:
+//   nobody without the session id can make this process answer);
+// - it is a fixed header and at most kMaxRequest bytes, never received by
+//   rendezvous;
+// - its MAC, HMAC-SHA256(key, "monarch-request" nonce seq call
+//   len32(destination) destination request), verifies, where nonce is the
+//   session's (the server's nonce of its handshake) and seq is fresh within
+//   the session's sliding window of 64 (a replayed request is refused, from
+//   any endpoint, and a request of another session does not verify).
+// A request that fails with a live session is answered `refused` and the
+// session ends. Only then is the handler called.
+// Answers: HMAC-SHA256(key, "monarch-answer" nonce seq call answer32 length64
+// payload) covers the whole answer. A caller takes an answer only for a call
+// it is waiting on, of the session the call went out on (call ids are random
+// 64-bit: nobody guesses one), receives at most max_reply bytes of it, and
+// verifies the MAC (on its own thread) before it takes a byte: a tampered
+// answer is `refused`.
+// Secrecy is not provided (file bytes travel in clear, as from the PFS), and
+// the session ids and worker addresses travel in clear too: whoever reads the
+// job's network traffic learns them, and can then reach UCX (see below).
 //
-// Bounds (Limits): connections not yet authenticated (no valid request yet)
-// per source address and in all, the oldest dropped for a new one, and each
-// dropped after auth_ms; authenticated ones per source address (the oldest
-// goes); requests being served per connection (past it: answered `error`).
-// What a connection with the token but without the key can make this process
-// hold is what UCX assembles of one eager message before the handler sees
-// (and refuses) it: its size is the sender's, so the token is what keeps that
-// to the job's own stagers and squatters. MACs of requests are computed on
-// the progress thread (a bounded header and at most kMaxRequest bytes, one
-// failure per connection); those of answers on the handler's and the caller's
-// threads.
+// Bounds (Limits). The front door: connections that have not completed the
+// handshake, per source address and in all (the oldest dropped for a new
+// one), each dropped after auth_ms; each holds at most one Proof (about
+// 4 KiB) and one HMAC is computed per completed Proof. Garbage, churn, slow
+// or silent connections never reach UCX and cost the progress thread at most
+// 64 accepts per turn. Sessions: per source address (the oldest goes: a
+// restarted stager's new one replaces it). Requests being served per session
+// (past it: answered `error`). MACs of requests are computed on the progress
+// thread (a bounded header and at most kMaxRequest bytes, one failure per
+// session); those of answers on the handler's and the caller's threads.
+// Known limit: UCX's own transport listener (TCP: a random port of the
+// worker) takes connections from anyone, and UCX assembles an eager message
+// whole before the handler sees and drops it; whoever learns the worker
+// address can make this process hold what UCX holds for such messages
+// (tests/unit/peers_test.cpp measures it).
+//
+// Ports. A job's stagers listen on the first free port among
+// port_candidates(key, low, high): four ports of the configured range drawn
+// from the key (HMAC-SHA256(key, "monarch-port-v1" le32(i))); a caller tries
+// them in order and takes the first whose front door proves the key. Two
+// jobs whose first candidates collide on a node, or a squatter on one, cost
+// nothing; ports are not predictable without the key.
 //
 // Transports: UCX picks the fastest it finds, except shared memory, which
 // only works between processes of one IPC namespace and is never the path
@@ -74,10 +100,10 @@ namespace monarch::peers {
 enum class Code {
   ok,
   timeout,      // no answer by the deadline (peer hung, stopped, slow, or unreachable silently)
-  unreachable,  // no connection, or it broke (peer dead, restarted, network down, or it
-                // rejected this connection: not the job's address or token)
+  unreachable,  // no connection, or it broke (peer dead, restarted, network down)
   refused,      // the peer does not hold this job's key or is not the stager asked for (or
-                // its answer is not signed with the key: not a stager of this job)
+                // its answer is not signed with the key: not a stager of this job), or it
+                // closed the front door at once (this node is not one of the job's)
   error,        // the peer's handler failed or dropped the request, or it is busy; local errors
 };
 const char* to_string(Code code);
@@ -117,10 +143,10 @@ class Reply {
   friend struct detail::Engine;
   void answer(uint32_t code, std::vector<char> bytes, std::shared_ptr<void> hold);
   std::weak_ptr<detail::Engine> engine_;
-  uint64_t conn_ = 0;
+  uint64_t session_ = 0;
   uint64_t call_ = 0;
   uint64_t seq_ = 0;    // the request's, which its answer's MAC covers
-  Nonce nonce_{};       // the connection's
+  Nonce nonce_{};       // the session's
   bool armed_ = false;  // false: answered, moved from, or default-constructed
 };
 
@@ -131,20 +157,23 @@ class Reply {
 using Handler = std::function<void(std::vector<char> request, Reply reply)>;
 
 struct Limits {
-  unsigned unauthenticated_per_source = 4;  // connections without a valid request yet, one address
+  unsigned unauthenticated_per_source = 4;  // front door connections in a handshake, one address
   unsigned unauthenticated = 16;            // the same, all addresses
-  unsigned authenticated_per_source = 8;    // a restarted stager's new one replaces the oldest
-  unsigned in_flight = 64;                  // requests of one connection being served
-  unsigned auth_ms = 3000;                  // a connection silent or invalid this long is dropped
+  unsigned authenticated_per_source = 8;    // sessions; a restarted stager's replaces the oldest
+  unsigned in_flight = 64;                  // requests of one session being served
+  unsigned auth_ms = 3000;                  // a handshake not done this long is dropped
 };
 
 struct Options {
   // Where to listen: an IPv4 address or a name resolved to one; empty: all
-  // of the node's (0.0.0.0). Port 0: any free port (see port()).
+  // of the node's (0.0.0.0). The port: `port` when not 0; else, with a range
+  // (port_high not 0), the first free of port_candidates(key, port_low,
+  // port_high); else any free port (see port()).
   std::string bind_address;
   uint16_t port = 0;
+  uint16_t port_low = 0, port_high = 0;
   std::string key;       // the job's secret (any length; it never travels)
-  std::string identity;  // the name callers pass to call() to reach this stager
+  std::string identity;  // the name callers pass to call() to reach this stager (<= kMaxIdentity)
   // The job's nodes: name -> IPv4 address (numeric). call() uses these and
   // never resolves these names; when not empty, connections are accepted only
   // from these addresses.
@@ -164,21 +193,23 @@ class Peers {
   Peers& operator=(const Peers&) = delete;
 
   uint16_t port() const;
+  // This stager's UCX worker address: what its handshakes send in clear (the
+  // tests hand it to strangers, as a listener on the network learns it).
+  std::string worker_address() const;
 
   // What call() accepts by default: a 64 MiB block and a header.
   static constexpr size_t kDefaultMaxReply = (size_t{64} << 20) + 64;
 
   // Sends `request` (at most kMaxRequest bytes, else `error`) to the stager
-  // listening on host:port (same key, identity `host`) and waits for its
-  // answer, which replaces `reply` (its capacity is reused: large answers
+  // listening on host:port (same key, identity `host`; port 0: the first of
+  // the job's port candidates whose front door proves the key) and waits for
+  // its answer, which replaces `reply` (its capacity is reused: large answers
   // arrive by rendezvous straight into it). Returns within timeout_ms,
-  // whatever the peer does; on failure `reply` is empty. An answer longer than
-  // max_reply bytes is `error`, and never allocated. An answer on another
-  // connection than the request's is dropped (the call waits on: someone
-  // else's connection cannot end it); one on the request's own connection
-  // whose MAC does not verify ends the call `refused`. Safe from any number
-  // of threads; one connection per peer is shared by all calls, opened on
-  // first use and opened again after it broke. `host` is looked up in
+  // whatever the peer does (the handshake included); on failure `reply` is
+  // empty. An answer longer than max_reply bytes is `error`, and never
+  // allocated. One whose MAC does not verify ends the call `refused`. Safe
+  // from any number of threads; one session per peer is shared by all calls,
+  // made on first use and made again after it broke or was refused. `host` is looked up in
   // Options::hosts, else resolved once per Peers and cached.
   Status call(const std::string& host, uint16_t port, std::string_view request,
               std::vector<char>& reply, int timeout_ms, size_t max_reply = kDefaultMaxReply);
@@ -188,51 +219,90 @@ class Peers {
   std::shared_ptr<detail::Engine> engine_;
 };
 
-// The wire format: three active messages, here for the tests' raw UCX clients
-// (which stand in for strangers), the fuzz test, and as its documentation.
-// Integers in host order (a job's nodes share one architecture); inside MACs,
-// little-endian. The decoders are pure: any bytes in, a verdict out.
+// The wire format: the front door's three messages and two active messages,
+// here for the tests' raw clients (which stand in for strangers), the fuzz
+// test, and as its documentation. Integers in host order (a job's nodes share
+// one architecture); inside MACs, little-endian. The decoders are pure: any
+// bytes in, a verdict out.
 namespace wire {
 constexpr unsigned kRequestAm = 1;       // header RequestHeader, payload the request
 constexpr unsigned kAnswerAm = 2;        // header AnswerHeader, payload the reply or error text
-constexpr unsigned kChallengeAm = 3;     // header Challenge, no payload: server to caller, once
-constexpr uint32_t kMagic = 0x4d4e5033;  // "MNP3"
+constexpr uint32_t kMagic = 0x4d4e5034;  // "MNP4"
 constexpr size_t kMaxRequest = 256;      // a request's payload, at most
+constexpr size_t kMaxIdentity = 64;      // a stager's name (a node name), at most
+constexpr size_t kMaxAddress = 4096;     // a UCX worker address, at most
+constexpr unsigned kPortCandidates = 4;
 enum : uint32_t { kAnswerOk = 0, kAnswerError = 1, kAnswerRefused = 2 };
-struct Challenge {
+
+// Front door, server to caller at accept.
+struct Hello {
   uint32_t magic;
   uint32_t reserved;  // 0
   Nonce nonce;        // random, one per connection
 };
+// Caller to server, then address_length bytes: the caller's worker address.
+struct Proof {
+  uint32_t magic;
+  uint32_t address_length;      // 1..kMaxAddress
+  Nonce nonce;                  // the caller's, random
+  char identity[kMaxIdentity];  // the caller's, zero-padded, not empty
+  Mac mac;                      // proof_mac()
+};
+// Server to caller, then address_length bytes: the server's worker address.
+struct Welcome {
+  uint32_t magic;
+  uint32_t address_length;  // 1..kMaxAddress
+  uint64_t session;         // random, not 0
+  Mac mac;                  // welcome_mac()
+};
 struct RequestHeader {
   uint32_t magic;
   uint32_t reserved;  // 0
+  uint64_t session;   // from the Welcome
   uint64_t call;      // the caller's; echoed in the answer
-  uint64_t seq;       // 1, 2, ... on each connection
+  uint64_t seq;       // 1, 2, ... in each session
   Mac mac;            // request_mac()
 };
 struct AnswerHeader {
   uint32_t magic;
   uint32_t answer;
+  uint64_t session;  // the request's, echoed
   uint64_t call;
   Mac mac;  // answer_mac()
 };
 
+bool proof_mac(std::string_view key, const Nonce& server, const Nonce& caller,
+               std::string_view destination, std::string_view identity, std::string_view address,
+               Mac& out);
+bool welcome_mac(std::string_view key, const Nonce& server, const Nonce& caller,
+                 std::string_view destination, std::string_view identity, uint64_t session,
+                 std::string_view address, Mac& out);
 bool request_mac(std::string_view key, const Nonce& nonce, uint64_t seq, uint64_t call,
                  std::string_view destination, std::string_view request, Mac& out);
 bool answer_mac(std::string_view key, const Nonce& nonce, uint64_t seq, uint64_t call,
                 uint32_t answer, std::string_view payload, Mac& out);
-uint64_t connect_token(std::string_view key);
 bool same_mac(const Mac& a, const Mac& b);  // in constant time
+
+// The job's ports within [low, high] in the order to try, at most
+// kPortCandidates (fewer when draws coincide); empty when the range is empty.
+std::vector<uint16_t> port_candidates(std::string_view key, uint16_t low, uint16_t high);
+
+bool decode_hello(const void* bytes, size_t length, Hello& out);
+// The fixed part of a Proof or Welcome (length: at least its size): whether
+// it is one, and how many address bytes follow.
+bool decode_proof_head(const void* bytes, size_t length, Proof& out);
+bool decode_welcome_head(const void* bytes, size_t length, Welcome& out);
+// The caller's identity in a decoded Proof: false when empty or not padded
+// with zeros.
+bool proof_identity(const Proof& proof, std::string_view& out);
 
 // A request as it arrived: header bytes, payload length, whether UCX offers
 // it by rendezvous. False and why when it is not one to verify.
 bool decode_request(const void* header, size_t header_length, size_t length, bool rndv,
                     RequestHeader& out, std::string& why);
 bool decode_answer(const void* header, size_t header_length, AnswerHeader& out);
-bool decode_challenge(const void* header, size_t header_length, size_t length, Challenge& out);
 
-// The sequence numbers a connection has used: fresh() for one not used and
+// The sequence numbers a session has used: fresh() for one not used and
 // not older than the 64 before the highest.
 struct Window {
   uint64_t top = 0;   // the highest taken

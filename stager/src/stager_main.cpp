@@ -338,12 +338,11 @@ struct Stager {
       why = "the job has no key (--key-fd)";
     else if (self == nodes.end())
       why = "this node, '" + opt.node + "', is not in the job's nodes " + opt.nodes;
-    else if (opt.peer_port < 1024 || opt.peer_port > 65535)
-      why = "no port for the job's nodes (--peer-port)";
     if (why.empty()) {
       JobWideOptions o{.nodes = nodes,
                        .self = int(self - nodes.begin()),
-                       .port = uint16_t(opt.peer_port),
+                       .port_low = uint16_t(config.peer_port_low),
+                       .port_high = uint16_t(config.peer_port_high),
                        .address = opt.peer_address,
                        .key = secret,
                        .timeout_ms = config.peer_timeout_ms,
@@ -355,7 +354,8 @@ struct Stager {
       spdlog::warn("caching on this node alone: {}", why);
       return;
     }
-    spdlog::info("one cache with the job's {} nodes, port {}", nodes.size(), opt.peer_port);
+    spdlog::info("one cache with the job's {} nodes, on a port of {}-{} the key gives",
+                 nodes.size(), config.peer_port_low, config.peer_port_high);
   }
 
   // The index: from the node that walks it, in a multi-node job; walked here

@@ -111,7 +111,8 @@ struct Node {
     std::string error;
     jw = JobWide::start({.nodes = {"127.0.0.1", other.address},
                          .self = self,
-                         .port = port,
+                         .port_low = port,
+                         .port_high = port,
                          .address = self == 0 ? "127.0.0.1" : other.address,
                          .key = "job-77-secret",
                          .timeout_ms = kTimeoutMs,
@@ -270,8 +271,10 @@ TEST(JobWideModule, RefusesAnotherBuildAndStartsForItsOwn) {
       reinterpret_cast<decltype(&monarch_jobwide_start)>(dlsym(module, "monarch_jobwide_start"));
   ASSERT_TRUE(start) << dlerror();
   auto options = [] {
+    uint16_t port = free_port();
     return JobWideOptions{.nodes = {"127.0.0.1"},
-                          .port = free_port(),
+                          .port_low = port,
+                          .port_high = port,
                           .address = "127.0.0.1",
                           .key = "job-78-secret-key"};
   };

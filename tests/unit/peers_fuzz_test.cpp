@@ -1,9 +1,9 @@
 // Every message the peer service decodes, fed bytes from a seeded generator
 // and mutations of valid messages: the request and answer headers, the
-// challenge, the sequence window, the job-wide request, the index's wire
-// form. Deterministic (fixed seeds) and bounded (fixed iterations) for CI.
-// Each decoder must return a verdict, accept only what its contract allows,
-// and never allocate more than kMaxAllocation for any input.
+// front door's handshake, the port candidates, the sequence window, the job-wide request, the
+// index's wire form. Deterministic (fixed seeds) and bounded (fixed iterations) for CI. Each
+// decoder must return a verdict, accept only what its contract allows, and never allocate more than
+// kMaxAllocation for any input.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -68,17 +68,14 @@ std::string bytes_of(const T& t) {
   return std::string(reinterpret_cast<const char*>(&t), sizeof t);
 }
 
-TEST(PeersFuzz, RequestAnswerAndChallengeHeaders) {
+TEST(PeersFuzz, RequestAndAnswerHeaders) {
   std::mt19937_64 rng(23);
-  wire::RequestHeader valid_request{wire::kMagic, 0, 5, 9, {}};
-  wire::AnswerHeader valid_answer{wire::kMagic, wire::kAnswerOk, 5, {}};
-  wire::Challenge valid_challenge{wire::kMagic, 0, {}};
+  wire::RequestHeader valid_request{wire::kMagic, 0, 3, 5, 9, {}};
+  wire::AnswerHeader valid_answer{wire::kMagic, wire::kAnswerOk, 3, 5, {}};
   largest_allocation = 0;
   size_t accepted = 0;
   for (int i = 0; i < 200000; ++i) {
-    std::string h = i % 3 == 0   ? bytes_of(valid_request)
-                    : i % 3 == 1 ? bytes_of(valid_answer)
-                                 : bytes_of(valid_challenge);
+    std::string h = i % 2 == 0 ? bytes_of(valid_request) : bytes_of(valid_answer);
     if (rng() % 2)
       h = random_bytes(rng, rng() % 96);
     else if (rng() % 4)
@@ -102,14 +99,88 @@ TEST(PeersFuzz, RequestAnswerAndChallengeHeaders) {
       EXPECT_EQ(h.size(), sizeof a);
       EXPECT_LE(a.answer, uint32_t(wire::kAnswerRefused));
     }
-    wire::Challenge c;
-    if (wire::decode_challenge(h.data(), h.size(), length % 2, c)) {
-      EXPECT_EQ(h.size(), sizeof c);
-      EXPECT_EQ(length % 2, 0u);
-    }
   }
   EXPECT_GT(accepted, 0u) << "the mutations never reached a valid request";
   EXPECT_LT(largest_allocation.load(), kMaxAllocation);
+}
+
+// The front door's three messages, as a stranger may send any of them to
+// either side: a verdict for any bytes, the address length always within
+// kMaxAddress, an identity only when zero-padded and not empty.
+TEST(PeersFuzz, HandshakeMessages) {
+  std::mt19937_64 rng(2323);
+  wire::Hello valid_hello{wire::kMagic, 0, {1, 2, 3}};
+  wire::Proof valid_proof{wire::kMagic, 40, {4, 5}, "node1", {}};
+  wire::Welcome valid_welcome{wire::kMagic, 40, 77, {}};
+  largest_allocation = 0;
+  size_t hellos = 0, proofs = 0, welcomes = 0;
+  for (int i = 0; i < 200000; ++i) {
+    std::string m = i % 3 == 0   ? bytes_of(valid_hello)
+                    : i % 3 == 1 ? bytes_of(valid_proof)
+                                 : bytes_of(valid_welcome);
+    if (rng() % 2)
+      m = random_bytes(rng, rng() % 160);
+    else if (rng() % 4)
+      m = mutate(rng, m);
+    wire::Hello h;
+    if (wire::decode_hello(m.data(), m.size(), h)) {
+      ++hellos;
+      EXPECT_EQ(m.size(), sizeof h);
+      EXPECT_EQ(h.magic, wire::kMagic);
+    }
+    wire::Proof p;
+    if (wire::decode_proof_head(m.data(), m.size(), p)) {
+      ++proofs;
+      EXPECT_GE(m.size(), sizeof p);
+      EXPECT_GE(p.address_length, 1u);
+      EXPECT_LE(p.address_length, wire::kMaxAddress);
+      std::string_view identity;
+      if (wire::proof_identity(p, identity)) {
+        EXPECT_FALSE(identity.empty());
+        EXPECT_LE(identity.size(), wire::kMaxIdentity);
+        EXPECT_EQ(identity.find('\0'), std::string_view::npos);
+        for (size_t k = identity.size(); k < wire::kMaxIdentity; ++k) EXPECT_EQ(p.identity[k], 0);
+      }
+    }
+    wire::Welcome w;
+    if (wire::decode_welcome_head(m.data(), m.size(), w)) {
+      ++welcomes;
+      EXPECT_GE(m.size(), sizeof w);
+      EXPECT_NE(w.session, 0u);
+      EXPECT_GE(w.address_length, 1u);
+      EXPECT_LE(w.address_length, wire::kMaxAddress);
+    }
+  }
+  EXPECT_GT(hellos, 0u);
+  EXPECT_GT(proofs, 0u);
+  EXPECT_GT(welcomes, 0u);
+  EXPECT_LT(largest_allocation.load(), kMaxAllocation);
+}
+
+// The ports: within the range, at most kPortCandidates, distinct, the same
+// for the same key, and spread over the range.
+TEST(PeersFuzz, PortCandidates) {
+  std::mt19937_64 rng(7400);
+  std::set<uint16_t> firsts;
+  for (int i = 0; i < 2000; ++i) {
+    std::string key = random_bytes(rng, rng() % 40);
+    uint16_t low = uint16_t(1024 + rng() % 60000);
+    uint16_t high = uint16_t(std::min<uint32_t>(65535, low + rng() % 600));
+    auto ports = wire::port_candidates(key, low, high);
+    ASSERT_FALSE(ports.empty());
+    EXPECT_LE(ports.size(), wire::kPortCandidates);
+    EXPECT_EQ(std::set<uint16_t>(ports.begin(), ports.end()).size(), ports.size());
+    for (uint16_t p : ports) {
+      EXPECT_GE(p, low);
+      EXPECT_LE(p, high);
+    }
+    EXPECT_EQ(ports, wire::port_candidates(key, low, high));
+    firsts.insert(wire::port_candidates(key, 7400, 7899)[0]);
+  }
+  EXPECT_GT(firsts.size(), 400u) << "the first candidates do not spread over 7400-7899";
+  EXPECT_TRUE(wire::port_candidates("k", 0, 0).empty());
+  EXPECT_TRUE(wire::port_candidates("k", 9000, 8000).empty());
+  EXPECT_EQ(wire::port_candidates("k", 9000, 9000), std::vector<uint16_t>{9000});
 }
 
 // No sequence number is ever taken twice, whatever the order they come in;

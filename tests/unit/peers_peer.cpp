@@ -1,9 +1,9 @@
 // A peer stager for peers_test, in its own process so that the tests can
 // kill -9 it, stop it, start it again and measure it. Usage: PORT KEY
 // [ALLOWED_ADDRESS]. Its identity is 127.0.0.1; with ALLOWED_ADDRESS it
-// accepts connections only from that address. Prints "port N" once
-// listening, then serves until killed. A request's first byte says what to do
-// with the rest:
+// accepts connections only from that address. Prints "port N ADDRESS" (its
+// worker address in hex) once listening, then serves until killed. A
+// request's first byte says what to do with the rest:
 //   (empty request)  answers empty
 //   e BYTES          answers BYTES
 //   n COUNT          answers COUNT bytes, byte i being (i * 7 + 3) & 0xff
@@ -11,34 +11,42 @@
 //   d                drops the Reply unanswered
 //   x                throws from the handler
 //
-// Or a process speaking the wire format with UCX directly (TOKEN: the job's
-// connection token, in hex, as a squatter learns it; without it, none):
-//   squat LOG         listens (prints "port N"), sends each caller a
-//                     challenge, writes "token HEX" for each connection and
-//                     "request HEADER PAYLOAD" (hex) for each request to LOG,
-//                     and answers it "forged" on its connection, unsigned
-//   tamper KEY        listens (prints "port N"), answers each request with
-//                     an answer signed for "good" that carries "evil"
-//   forge PORT COUNT [TOKEN]
-//                     connects to 127.0.0.1:PORT and sends it, over and over,
-//                     answers "forged" for call ids 1..COUNT (prints
-//                     "forging" after the first round)
+// Or a process speaking the wire format directly (plain sockets, UCX):
+//   squat LOG         a front door without the key (prints "port N"): sends
+//                     each caller a Hello, writes "proof HEAD ADDRESS" (hex)
+//                     of what it got to LOG, answers a Welcome it cannot sign
+//   tamper KEY        a front door with the key (prints "port N"), answers
+//                     each request with an answer signed for "good" that
+//                     carries "evil"
+//   forge ADDRESS COUNT
+//                     connects to the worker ADDRESS (hex) and sends it, over
+//                     and over, answers "forged" for call ids 1..COUNT and
+//                     sessions 1..COUNT (prints "forging" after the first)
 //   replay PORT KEY   a caller with the key: sends a request "eping" to
-//                     127.0.0.1:PORT, then the very same bytes again on that
-//                     connection, then on a new one; prints one line, what
-//                     each of the three got ("ok ping", "refused ...",
-//                     "closed", "none")
-//   flood PORT SECONDS [TOKEN]
+//                     127.0.0.1:PORT, then the very same bytes again in that
+//                     session, then in a new one; prints one line, what each
+//                     of the three got ("ok ping", "refused ...", "none")
+//   flood PORT SECONDS [ADDRESS]
 //                     a stranger without the key: prints "flooding", then for
-//                     SECONDS keeps 64 connections to 127.0.0.1:PORT busy
-//                     with rendezvous requests of 64 MiB, eager ones of
-//                     1 MiB, garbage, requests with a wrong MAC, or nothing,
-//                     each connection opened again 100 ms after it closed
+//                     SECONDS, from 4 threads, keeps the front door at
+//                     127.0.0.1:PORT busy with connections closed at once,
+//                     garbage, wrong Proofs, Proofs announcing the largest
+//                     address and sending none, idle connections; with the
+//                     worker ADDRESS (hex, as a listener on the network learns
+//                     it), also UCX messages to it: requests of sessions it
+//                     guesses, eager ones of 1 MiB, rendezvous ones of 64 MiB
+//   garbage PORT SECONDS
+//                     raw TCP for SECONDS against PORT (UCX's own transport
+//                     listener): 64 bytes of zeros, closed, and connections
+//                     closed at once, from 4 threads; prints "flooding"
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -83,23 +91,61 @@ sockaddr_in loopback(uint16_t port) {
   return addr;
 }
 
+std::string unhex(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i + 1 < text.size(); i += 2)
+    out += char(std::stoi(text.substr(i, 2), nullptr, 16));
+  return out;
+}
+
+int tcp_connect(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = loopback(port);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
+bool read_all(int fd, void* buffer, size_t length) {
+  char* p = static_cast<char*>(buffer);
+  while (length > 0) {
+    ssize_t n = read(fd, p, length);
+    if (n <= 0) return false;
+    p += n;
+    length -= size_t(n);
+  }
+  return true;
+}
+
+bool write_all(int fd, const void* buffer, size_t length) {
+  return send(fd, buffer, length, MSG_NOSIGNAL) == ssize_t(length);
+}
+
+// A listening socket on the loopback (or MONARCH_PEER_ADDRESS), port printed.
+int tcp_listen() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = loopback(0);
+  socklen_t n = sizeof addr;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      listen(fd, 64) != 0 || getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &n) != 0)
+    return -1;
+  printf("port %u\n", ntohs(addr.sin_port));
+  fflush(stdout);
+  return fd;
+}
+
 struct Raw {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
-  ucp_listener_h listener = nullptr;
-  bool has_token = false;
-  std::vector<ucp_conn_request_h> incoming;
+  std::string address;  // our worker's
   struct Message {
     unsigned id;
-    ucp_ep_h ep;
     std::string header, payload;
   };
   std::vector<Message> messages;  // received, small ones whole
   std::vector<ucp_ep_h> broken;
-  FILE* log = nullptr;
 
-  bool init(uint64_t token = 0, bool with_token = false) {
-    has_token = with_token;
+  bool init() {
     ucp_config_t* config = nullptr;
     if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return false;
     ucp_params_t params{};
@@ -108,20 +154,21 @@ struct Raw {
     ucs_status_t status = ucp_init(&params, config, &context);
     ucp_config_release(config);
     ucp_worker_params_t worker_params{};
-    worker_params.field_mask =
-        UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
-    worker_params.client_id = token;
     if (status != UCS_OK || ucp_worker_create(context, &worker_params, &worker) != UCS_OK)
       return false;
-    for (unsigned id : {wire::kRequestAm, wire::kAnswerAm, wire::kChallengeAm}) {
+    ucp_address_t* a = nullptr;
+    size_t n = 0;
+    if (ucp_worker_get_address(worker, &a, &n) != UCS_OK) return false;
+    address.assign(reinterpret_cast<const char*>(a), n);
+    ucp_worker_release_address(worker, a);
+    for (unsigned id : {wire::kRequestAm, wire::kAnswerAm}) {
       ucp_am_handler_param_t am{};
       am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
       am.id = id;
-      am.cb = id == wire::kRequestAm  ? on_message<wire::kRequestAm>
-              : id == wire::kAnswerAm ? on_message<wire::kAnswerAm>
-                                      : on_message<wire::kChallengeAm>;
+      am.cb = id == wire::kRequestAm ? on_message<wire::kRequestAm> : on_message<wire::kAnswerAm>;
       am.arg = this;
       if (ucp_worker_set_am_recv_handler(worker, &am) != UCS_OK) return false;
     }
@@ -133,9 +180,8 @@ struct Raw {
                                  size_t length, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Raw*>(arg);
     bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
-    ucp_ep_h ep = param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP ? param->reply_ep : nullptr;
     self->messages.push_back(
-        {Id, ep, std::string(static_cast<const char*>(header), header_length),
+        {Id, std::string(static_cast<const char*>(header), header_length),
          rndv ? std::string("(rndv)") : std::string(static_cast<const char*>(data), length)});
     return UCS_OK;
   }
@@ -144,20 +190,11 @@ struct Raw {
     static_cast<Raw*>(arg)->broken.push_back(ep);
   }
 
-  ucp_ep_h connect_to(uint16_t port) {
-    sockaddr_in addr = loopback(port);
+  ucp_ep_h connect_to(const std::string& worker_address) {
     ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    params.flags =
-        UCP_EP_PARAMS_FLAGS_CLIENT_SERVER | (has_token ? UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID : 0);
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    params.sockaddr.addrlen = sizeof addr;
-    return endpoint(params);
-  }
-
-  ucp_ep_h endpoint(ucp_ep_params_t params) {
-    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = on_error;
     params.err_handler.arg = this;
@@ -165,10 +202,9 @@ struct Raw {
     return ucp_ep_create(worker, &params, &ep) == UCS_OK ? ep : nullptr;
   }
 
-  // Sends and forgets (UCX frees the request once done). flags: eager,
-  // rendezvous, reply.
+  // Sends and forgets (UCX frees the request once done).
   void send(ucp_ep_h ep, unsigned id, const void* header, size_t header_length, const void* payload,
-            size_t length, uint32_t flags) {
+            size_t length, uint32_t flags = 0) {
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = flags;
@@ -184,107 +220,126 @@ struct Raw {
     }
   }
 
-  // Waits for a message `id` on `ep`, or the endpoint broken.
-  bool wait_for(unsigned id, ucp_ep_h ep, Message& out, int ms = 3000) {
+  // Waits for a message `id`.
+  bool wait_for(unsigned id, Message& out, int ms = 3000) {
     auto until = Clock::now() + std::chrono::milliseconds(ms);
     while (Clock::now() < until) {
       for (size_t i = 0; i < messages.size(); ++i)
-        if (messages[i].id == id && messages[i].ep == ep) {
+        if (messages[i].id == id) {
           out = messages[i];
           messages.erase(messages.begin() + i);
           return true;
         }
-      for (ucp_ep_h b : broken)
-        if (b == ep) return false;
       if (ucp_worker_progress(worker) == 0) usleep(100);
     }
     return false;
   }
 
-  static void on_conn_request(ucp_conn_request_h request, void* arg) {
-    static_cast<Raw*>(arg)->incoming.push_back(request);
+  // The caller's side of a handshake with the key, as peers.cpp does it.
+  bool handshake(uint16_t port, const std::string& key, uint64_t& session, Nonce& nonce,
+                 std::string& theirs) {
+    int fd = tcp_connect(port);
+    wire::Hello hello;
+    char buffer[sizeof hello];
+    if (fd < 0 || !read_all(fd, buffer, sizeof buffer) ||
+        !wire::decode_hello(buffer, sizeof buffer, hello))
+      return false;
+    wire::Proof proof{wire::kMagic, uint32_t(address.size()), {9}, "raw", {}};
+    wire::proof_mac(key, hello.nonce, proof.nonce, "127.0.0.1", "raw", address, proof.mac);
+    std::string out(reinterpret_cast<char*>(&proof), sizeof proof);
+    out += address;
+    wire::Welcome w;
+    char head[sizeof w];
+    bool ok = write_all(fd, out.data(), out.size()) && read_all(fd, head, sizeof head) &&
+              wire::decode_welcome_head(head, sizeof head, w);
+    theirs.resize(ok ? w.address_length : 0);
+    ok = ok && read_all(fd, theirs.data(), theirs.size());
+    close(fd);
+    session = w.session;
+    nonce = hello.nonce;
+    return ok;
   }
 
-  uint16_t listen() {
-    sockaddr_in addr = loopback(0);
-    ucp_listener_params_t params{};
-    params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    params.sockaddr.addrlen = sizeof addr;
-    params.conn_handler.cb = on_conn_request;
-    params.conn_handler.arg = this;
-    if (ucp_listener_create(worker, &params, &listener) != UCS_OK) return 0;
-    ucp_listener_attr_t attr{};
-    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    if (ucp_listener_query(listener, &attr) != UCS_OK) return 0;
-    return ntohs(reinterpret_cast<sockaddr_in*>(&attr.sockaddr)->sin_port);
+  // A front door: accepts one caller at a time, gives it a session with
+  // `nonce` (signed when a key is given), and makes an endpoint to it.
+  ucp_ep_h door(int listener, const std::string& key, const Nonce& nonce, FILE* log) {
+    int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return nullptr;
+    wire::Hello hello{wire::kMagic, 0, nonce};
+    wire::Proof proof;
+    char head[sizeof proof];
+    std::string theirs;
+    bool ok = write_all(fd, &hello, sizeof hello) && read_all(fd, head, sizeof head) &&
+              wire::decode_proof_head(head, sizeof head, proof);
+    theirs.resize(ok ? proof.address_length : 0);
+    ok = ok && read_all(fd, theirs.data(), theirs.size());
+    if (log && ok)
+      fprintf(log, "proof %s %s\n", hex(head, sizeof head).c_str(),
+              hex(theirs.data(), theirs.size()).c_str()),
+          fflush(log);
+    ucp_ep_h ep = ok ? connect_to(theirs) : nullptr;
+    std::string_view caller;
+    if (ep) {
+      wire::Welcome w{wire::kMagic, uint32_t(address.size()), 77, {}};
+      if (!key.empty() && wire::proof_identity(proof, caller))
+        wire::welcome_mac(key, nonce, proof.nonce, "127.0.0.1", caller, w.session, address, w.mac);
+      std::string out(reinterpret_cast<char*>(&w), sizeof w);
+      out += address;
+      write_all(fd, out.data(), out.size());
+    }
+    close(fd);
+    return ep;
   }
 
-  // A server without the job's key, or with it (tamper): accepts, sends a
-  // challenge, answers every request through `answer`.
+  // A server with a front door: answers every request through `answer`.
   template <typename Answer>
-  int serve(Answer answer) {
-    uint16_t port = listen();
-    if (!port) return 1;
-    printf("port %u\n", port);
-    fflush(stdout);
+  int serve(const std::string& key, FILE* log, Answer answer) {
+    int listener = tcp_listen();
+    if (listener < 0) return 1;
     const Nonce nonce{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    ucp_ep_h ep = nullptr;
     for (;;) {
       if (ucp_worker_progress(worker) == 0) usleep(100);
-      for (ucp_conn_request_h request : std::exchange(incoming, {})) {
-        ucp_conn_request_attr_t attr{};
-        attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID;
-        ucp_conn_request_query(request, &attr);
-        if (log) fprintf(log, "token %016llx\n", (unsigned long long)attr.client_id), fflush(log);
-        ucp_ep_params_t ep{};
-        ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
-        ep.conn_request = request;
-        ucp_ep_h accepted = endpoint(ep);
-        wire::Challenge c{wire::kMagic, 0, nonce};
-        if (accepted)
-          send(accepted, wire::kChallengeAm, &c, sizeof c, nullptr, 0, UCP_AM_SEND_FLAG_REPLY);
-      }
+      pollfd p{listener, POLLIN, 0};
+      if (poll(&p, 1, 0) == 1) ep = door(listener, key, nonce, log);
       for (Message& m : std::exchange(messages, {})) {
-        if (m.id != wire::kRequestAm || !m.ep) continue;
-        if (log)
-          fprintf(log, "request %s %s\n", hex(m.header.data(), m.header.size()).c_str(),
-                  hex(m.payload.data(), m.payload.size()).c_str()),
-              fflush(log);
+        if (m.id != wire::kRequestAm || !ep) continue;
         wire::RequestHeader h{};
         if (m.header.size() >= sizeof h) memcpy(&h, m.header.data(), sizeof h);
-        answer(m.ep, h, nonce);
+        answer(ep, h, nonce);
       }
     }
   }
 
   int squat(const char* log_path) {
-    log = fopen(log_path, "w");
+    FILE* log = fopen(log_path, "w");
     if (!log || !init()) return 1;
-    return serve([this](ucp_ep_h ep, const wire::RequestHeader& h, const Nonce&) {
+    return serve("", log, [this](ucp_ep_h ep, const wire::RequestHeader& h, const Nonce&) {
       static const char forged[] = "forged";
-      wire::AnswerHeader a{wire::kMagic, wire::kAnswerOk, h.call, {}};
-      send(ep, wire::kAnswerAm, &a, sizeof a, forged, 6, UCP_AM_SEND_FLAG_REPLY);
+      wire::AnswerHeader a{wire::kMagic, wire::kAnswerOk, h.session, h.call, {}};
+      send(ep, wire::kAnswerAm, &a, sizeof a, forged, 6);
     });
   }
 
   int tamper(const std::string& key) {
     if (!init()) return 1;
-    return serve([this, key](ucp_ep_h ep, const wire::RequestHeader& h, const Nonce& nonce) {
-      static const char evil[] = "evil";
-      wire::AnswerHeader a{wire::kMagic, wire::kAnswerOk, h.call, {}};
-      wire::answer_mac(key, nonce, h.seq, h.call, wire::kAnswerOk, "good", a.mac);
-      send(ep, wire::kAnswerAm, &a, sizeof a, evil, 4, UCP_AM_SEND_FLAG_REPLY);
-    });
+    return serve(key, nullptr,
+                 [this, key](ucp_ep_h ep, const wire::RequestHeader& h, const Nonce& nonce) {
+                   static const char evil[] = "evil";
+                   wire::AnswerHeader a{wire::kMagic, wire::kAnswerOk, h.session, h.call, {}};
+                   wire::answer_mac(key, nonce, h.seq, h.call, wire::kAnswerOk, "good", a.mac);
+                   send(ep, wire::kAnswerAm, &a, sizeof a, evil, 4);
+                 });
   }
 
-  int forge_all(uint16_t port, uint64_t count) {
-    ucp_ep_h ep = connect_to(port);
+  int forge_all(const std::string& target, uint64_t count) {
+    ucp_ep_h ep = connect_to(target);
     if (!ep) return 1;
     for (bool first = true;; first = false) {
       for (uint64_t call = 1; call <= count; ++call) {
         static const char forged[] = "forged";
-        wire::AnswerHeader a{wire::kMagic, wire::kAnswerOk, call, {}};
-        send(ep, wire::kAnswerAm, &a, sizeof a, forged, 6, UCP_AM_SEND_FLAG_REPLY);
+        wire::AnswerHeader a{wire::kMagic, wire::kAnswerOk, call, call, {}};
+        send(ep, wire::kAnswerAm, &a, sizeof a, forged, 6);
       }
       if (first) {
         printf("forging\n");
@@ -294,15 +349,10 @@ struct Raw {
     }
   }
 
-  // What an answer to `call` on `ep` was: "ok PAYLOAD", "refused TEXT",
-  // "error TEXT", "closed" (the connection broke first) or "none".
-  std::string answer_to(ucp_ep_h ep) {
+  // What the answer was: "ok PAYLOAD", "refused TEXT", "error TEXT" or "none".
+  std::string answer() {
     Message m;
-    if (!wait_for(wire::kAnswerAm, ep, m)) {
-      for (ucp_ep_h b : broken)
-        if (b == ep) return "closed";
-      return "none";
-    }
+    if (!wait_for(wire::kAnswerAm, m)) return "none";
     wire::AnswerHeader a;
     if (!wire::decode_answer(m.header.data(), m.header.size(), a)) return "garbage";
     const char* code = a.answer == wire::kAnswerOk        ? "ok"
@@ -312,130 +362,140 @@ struct Raw {
   }
 
   int replay(uint16_t port, const std::string& key) {
-    if (!init(wire::connect_token(key), true)) return 1;
-    ucp_ep_h first = connect_to(port);
-    Message challenge;
-    if (!first || !wait_for(wire::kChallengeAm, first, challenge)) return 1;
-    wire::Challenge c;
-    if (!wire::decode_challenge(challenge.header.data(), challenge.header.size(), 0, c)) return 1;
-    wire::RequestHeader h{wire::kMagic, 0, 7, 1, {}};
+    uint64_t session;
+    Nonce nonce;
+    std::string theirs;
+    if (!init() || !handshake(port, key, session, nonce, theirs)) return 1;
+    ucp_ep_h first = connect_to(theirs);
+    if (!first) return 1;
+    wire::RequestHeader h{wire::kMagic, 0, session, 7, 1, {}};
     std::string request = "eping";
-    wire::request_mac(key, c.nonce, h.seq, h.call, "127.0.0.1", request, h.mac);
-    send(first, wire::kRequestAm, &h, sizeof h, request.data(), request.size(),
-         UCP_AM_SEND_FLAG_REPLY);
-    std::string once = answer_to(first);
-    send(first, wire::kRequestAm, &h, sizeof h, request.data(), request.size(),
-         UCP_AM_SEND_FLAG_REPLY);
-    std::string again = answer_to(first);
-    ucp_ep_h second = connect_to(port);
-    if (!second || !wait_for(wire::kChallengeAm, second, challenge)) return 1;
-    send(second, wire::kRequestAm, &h, sizeof h, request.data(), request.size(),
-         UCP_AM_SEND_FLAG_REPLY);
-    std::string elsewhere = answer_to(second);
+    wire::request_mac(key, nonce, h.seq, h.call, "127.0.0.1", request, h.mac);
+    send(first, wire::kRequestAm, &h, sizeof h, request.data(), request.size());
+    std::string once = answer();
+    send(first, wire::kRequestAm, &h, sizeof h, request.data(), request.size());
+    std::string again = answer();
+    // In a new session: the captured bytes under the new session's id.
+    if (!handshake(port, key, session, nonce, theirs)) return 1;
+    ucp_ep_h second = connect_to(theirs);
+    if (!second) return 1;
+    h.session = session;
+    send(second, wire::kRequestAm, &h, sizeof h, request.data(), request.size());
+    std::string elsewhere = answer();
     printf("%s | %s | %s\n", once.c_str(), again.c_str(), elsewhere.c_str());
     fflush(stdout);
     return 0;
   }
 
-  int flood(uint16_t port, int seconds) {
-    constexpr size_t kConnections = 64;
-    // Faster churn crashes UCX 1.13's connection manager by itself (a stale
-    // event on a reused descriptor: openucx/ucx#11458), whatever the server.
-    constexpr int kReconnectMs = 100;
+  // UCX messages to a worker whose address a stranger learned.
+  void flood_ucx(const std::string& target, Clock::time_point until) {
     static std::vector<char> big(64 << 20, 'x'), eager(1 << 20, 'y');
-    struct Slot {
-      ucp_ep_h ep = nullptr;
-      unsigned kind = 0;
-      Clock::time_point next;
-    };
-    std::vector<Slot> slots(kConnections);
-    for (size_t i = 0; i < slots.size(); ++i) slots[i].kind = unsigned(i % 5);
-    printf("flooding\n");
-    fflush(stdout);
-    uint64_t opened = 0, sent = 0;
-    auto until = Clock::now() + std::chrono::seconds(seconds);
-    while (Clock::now() < until) {
-      for (ucp_ep_h ep : std::exchange(broken, {}))
-        for (Slot& s : slots)
-          if (s.ep == ep) {
-            ucp_request_param_t param{};
-            param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-            param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-            ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &param);
-            if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
-            s.ep = nullptr;
-            s.next = Clock::now() + std::chrono::milliseconds(kReconnectMs);
-          }
-      messages.clear();
-      auto now = Clock::now();
-      for (Slot& s : slots) {
-        if (!s.ep) {
-          if (now < s.next) continue;
-          s.ep = connect_to(port);
-          s.next = now + std::chrono::milliseconds(5);
-          ++opened;
-          continue;
+    ucp_ep_h ep = connect_to(target);
+    uint64_t sent = 0;
+    while (ep && Clock::now() < until) {
+      wire::RequestHeader h{wire::kMagic, 0, sent + 1, sent + 1, sent + 1, {}};
+      ++sent;
+      switch (sent % 4) {
+        case 0:
+          send(ep, wire::kRequestAm, &h, sizeof h, big.data(), big.size(), UCP_AM_SEND_FLAG_RNDV);
+          break;
+        case 1:
+          send(ep, wire::kRequestAm, &h, sizeof h, eager.data(), eager.size(),
+               UCP_AM_SEND_FLAG_EAGER);
+          break;
+        case 2: {
+          char junk[40];
+          for (char& c : junk) c = char(sent * 31 + 7);
+          send(ep, unsigned(sent % 4), junk, sizeof junk, junk, sizeof junk);
+          break;
         }
-        if (now < s.next) continue;
-        s.next = now + std::chrono::milliseconds(50);
-        wire::RequestHeader h{wire::kMagic, 0, sent + 1, sent + 1, {}};
-        ++sent;
-        switch (s.kind) {
-          case 0:  // idle
-            break;
-          case 1:  // a large request by rendezvous
-            send(s.ep, wire::kRequestAm, &h, sizeof h, big.data(), big.size(),
-                 UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
-            break;
-          case 2:  // a large request, eager
-            send(s.ep, wire::kRequestAm, &h, sizeof h, eager.data(), eager.size(),
-                 UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
-            break;
-          case 3: {  // garbage
-            char junk[40];
-            for (char& c : junk) c = char(sent * 31 + 7);
-            send(s.ep, unsigned(sent % 4), junk, sizeof junk, junk, sizeof junk,
-                 UCP_AM_SEND_FLAG_REPLY);
-            break;
-          }
-          case 4:  // a well-formed request with a wrong MAC
-            send(s.ep, wire::kRequestAm, &h, sizeof h, "eping", 5, UCP_AM_SEND_FLAG_REPLY);
-            break;
-        }
+        case 3:
+          send(ep, wire::kRequestAm, &h, sizeof h, "eping", 5);
+          break;
       }
       for (int i = 0; i < 100 && ucp_worker_progress(worker); ++i) {
       }
-      usleep(200);
+      if (!broken.empty()) {
+        broken.clear();
+        ep = connect_to(target);
+      }
+      usleep(2000);
     }
-    fprintf(stderr, "flood: %llu connections opened, %llu messages sent\n",
-            (unsigned long long)opened, (unsigned long long)sent);
-    return 0;
+    fprintf(stderr, "flood: %llu UCX messages sent\n", (unsigned long long)sent);
   }
 };
 
-uint64_t token_of(int argc, char** argv, int at, bool& given) {
-  given = argc > at;
-  return given ? std::stoull(argv[at], nullptr, 16) : 0;
+// Plain TCP against a port, from 4 threads, until `until`: kind 0 connects
+// and closes, 1 sends 64 zero bytes and closes, 2 sends a wrong Proof, 3
+// announces the largest address and sends none (kept open), 4 stays silent
+// (kept open). Those kept open are closed 2 s later.
+void flood_tcp(uint16_t port, Clock::time_point until, bool door, std::atomic<uint64_t>& opened) {
+  std::vector<std::pair<int, Clock::time_point>> held;
+  for (unsigned n = 0; Clock::now() < until; ++n) {
+    unsigned kind = door ? n % 5 : n % 2;
+    int fd = tcp_connect(port);
+    if (fd < 0) {
+      usleep(1000);
+      continue;
+    }
+    ++opened;
+    if (kind == 1) {
+      char zeros[64] = {};
+      write_all(fd, zeros, sizeof zeros);
+    } else if (kind == 2 || kind == 3) {
+      wire::Proof p{wire::kMagic, uint32_t(kind == 2 ? 1 : wire::kMaxAddress), {}, "x", {}};
+      std::string out(reinterpret_cast<char*>(&p), sizeof p);
+      if (kind == 2) out += 'a';
+      write_all(fd, out.data(), out.size());
+    }
+    if (kind >= 3) {
+      held.push_back({fd, Clock::now()});
+    } else {
+      close(fd);
+    }
+    for (size_t i = 0; i < held.size();)
+      if (Clock::now() - held[i].second > std::chrono::seconds(2)) {
+        close(held[i].first);
+        held[i] = held.back();
+        held.pop_back();
+      } else {
+        ++i;
+      }
+  }
+  for (auto& [fd, when] : held) close(fd);
+}
+
+int flood(uint16_t port, int seconds, bool door, const std::string& target) {
+  printf("flooding\n");
+  fflush(stdout);
+  auto until = Clock::now() + std::chrono::seconds(seconds);
+  std::atomic<uint64_t> opened{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { flood_tcp(port, until, door, opened); });
+  if (!target.empty()) {
+    Raw raw;
+    if (raw.init()) raw.flood_ucx(target, until);
+  }
+  for (auto& t : threads) t.join();
+  fprintf(stderr, "flood: %llu TCP connections opened\n", (unsigned long long)opened.load());
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
-  bool given = false;
   if (argc == 3 && mode == "squat") return Raw().squat(argv[2]);
   if (argc == 3 && mode == "tamper") return Raw().tamper(argv[2]);
   if (argc == 4 && mode == "replay") return Raw().replay(std::stoi(argv[2]), argv[3]);
-  if ((argc == 4 || argc == 5) && mode == "forge") {
+  if (argc == 4 && mode == "forge") {
     Raw raw;
-    uint64_t token = token_of(argc, argv, 4, given);
-    return raw.init(token, given) ? raw.forge_all(std::stoi(argv[2]), std::stoull(argv[3])) : 1;
+    return raw.init() ? raw.forge_all(unhex(argv[2]), std::stoull(argv[3])) : 1;
   }
-  if ((argc == 4 || argc == 5) && mode == "flood") {
-    Raw raw;
-    uint64_t token = token_of(argc, argv, 4, given);
-    return raw.init(token, given) ? raw.flood(std::stoi(argv[2]), std::stoi(argv[3])) : 1;
-  }
+  if ((argc == 4 || argc == 5) && mode == "flood")
+    return flood(std::stoi(argv[2]), std::stoi(argv[3]), true, argc == 5 ? unhex(argv[4]) : "");
+  if (argc == 4 && mode == "garbage")
+    return flood(std::stoi(argv[2]), std::stoi(argv[3]), false, "");
   if (argc != 3 && argc != 4) return 2;
   auto handler = [](std::vector<char> request, Reply reply) {
     if (request.empty()) return reply.send({});
@@ -472,7 +532,8 @@ int main(int argc, char** argv) {
     fprintf(stderr, "peers_peer: %s\n", error.c_str());
     return 1;
   }
-  printf("port %u\n", peers->port());
+  std::string address = peers->worker_address();
+  printf("port %u %s\n", peers->port(), hex(address.data(), address.size()).c_str());
   fflush(stdout);
   for (;;) pause();
 }
