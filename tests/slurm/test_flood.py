@@ -2,9 +2,9 @@
 job reads its dataset on the 3 namespaced nodes, a process of another user
 (monarchtest2), without the job's key, inside the first node's network (an
 address of the job's own nodes: the address filter lets it through) floods
-that node's stager's port for 20 s with the raw UCX stranger of the unit
-tests (tests/unit/peers_peer.cpp, flood: 64 connections, rendezvous requests
-of 64 MiB, eager ones of 1 MiB, garbage, wrong MACs, idle ones). The stager's
+that node's stager's front door for 20 s with the raw stranger of the unit
+tests (tests/unit/peers_peer.cpp, flood: from 4 threads, connections closed
+at once, garbage, wrong Proofs, stalled Proofs, idle connections). The stager's
 memory stays within RSS_BOUND of what it held before, the job's ranks read
 the right bytes, and no node gave another up."""
 import os
@@ -19,6 +19,26 @@ FLOOD_S = 20
 RSS_BOUND = 64 << 20  # what the stager may hold more during the flood
 FLOODER = os.path.join(os.environ.get("MONARCH_BUILD", os.path.join(st.SRC, "build")),
                        "tests", "unit", "monarch_peers_peer")
+
+
+def listening_ports(pid):
+    """The TCP ports the process listens on, in its network namespace."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    table = subprocess.run(["nsenter", "-t", str(pid), "-n", "cat", "/proc/net/tcp"],
+                           capture_output=True, text=True).stdout.splitlines()[1:]
+    ports = []
+    for line in table:
+        f = line.split()
+        if f[3] == "0A" and f[9] in inodes:
+            ports.append(int(f[1].split(":")[1], 16))
+    return sorted(ports)
 
 
 def rss(pid):
@@ -50,9 +70,9 @@ class Flood(st.SlurmTest):
                 if host == st.MULTI[0]:
                     first = s["pid"]
             self.assertIsNotNone(first, "the first node's stager")
-            with open(f"/proc/{first}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-            port = args[args.index(b"--peer-port") + 1].decode()
+            # Its front door: a port of peer_ports (7400-7899 here), below
+            # the ephemeral ports UCX's own listener takes.
+            port = str(listening_ports(first)[0])
             address = subprocess.run(["nsenter", "-t", str(first), "-u", "-n", "hostname", "-i"],
                                      capture_output=True, text=True).stdout.split()[0]
             before = rss(first)

@@ -35,10 +35,10 @@
 //                     worker ADDRESS (hex, as a listener on the network learns
 //                     it), also UCX messages to it: requests of sessions it
 //                     guesses, eager ones of 1 MiB, rendezvous ones of 64 MiB
-//   garbage PORT SECONDS
+//   garbage PORT SECONDS churn|zeros
 //                     raw TCP for SECONDS against PORT (UCX's own transport
-//                     listener): 64 bytes of zeros, closed, and connections
-//                     closed at once, from 4 threads; prints "flooding"
+//                     listener), from 4 threads: connections closed at once,
+//                     or 64 bytes of zeros then closed; prints "flooding"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -429,10 +429,10 @@ struct Raw {
 // and closes, 1 sends 64 zero bytes and closes, 2 sends a wrong Proof, 3
 // announces the largest address and sends none (kept open), 4 stays silent
 // (kept open). Those kept open are closed 2 s later.
-void flood_tcp(uint16_t port, Clock::time_point until, bool door, std::atomic<uint64_t>& opened) {
+void flood_tcp(uint16_t port, Clock::time_point until, int only, std::atomic<uint64_t>& opened) {
   std::vector<std::pair<int, Clock::time_point>> held;
   for (unsigned n = 0; Clock::now() < until; ++n) {
-    unsigned kind = door ? n % 5 : n % 2;
+    unsigned kind = only >= 0 ? unsigned(only) : n % 5;
     int fd = tcp_connect(port);
     if (fd < 0) {
       usleep(1000);
@@ -465,13 +465,13 @@ void flood_tcp(uint16_t port, Clock::time_point until, bool door, std::atomic<ui
   for (auto& [fd, when] : held) close(fd);
 }
 
-int flood(uint16_t port, int seconds, bool door, const std::string& target) {
+int flood(uint16_t port, int seconds, int only, const std::string& target) {
   printf("flooding\n");
   fflush(stdout);
   auto until = Clock::now() + std::chrono::seconds(seconds);
   std::atomic<uint64_t> opened{0};
   std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { flood_tcp(port, until, door, opened); });
+  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { flood_tcp(port, until, only, opened); });
   if (!target.empty()) {
     Raw raw;
     if (raw.init()) raw.flood_ucx(target, until);
@@ -493,9 +493,10 @@ int main(int argc, char** argv) {
     return raw.init() ? raw.forge_all(unhex(argv[2]), std::stoull(argv[3])) : 1;
   }
   if ((argc == 4 || argc == 5) && mode == "flood")
-    return flood(std::stoi(argv[2]), std::stoi(argv[3]), true, argc == 5 ? unhex(argv[4]) : "");
-  if (argc == 4 && mode == "garbage")
-    return flood(std::stoi(argv[2]), std::stoi(argv[3]), false, "");
+    return flood(std::stoi(argv[2]), std::stoi(argv[3]), -1, argc == 5 ? unhex(argv[4]) : "");
+  if (argc == 5 && mode == "garbage")
+    return flood(std::stoi(argv[2]), std::stoi(argv[3]), argv[4] == std::string("churn") ? 0 : 1,
+                 "");
   if (argc != 3 && argc != 4) return 2;
   auto handler = [](std::vector<char> request, Reply reply) {
     if (request.empty()) return reply.send({});
