@@ -1479,14 +1479,27 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
   std::vector<uint16_t> ports = port ? std::vector<uint16_t>{port} : engine->candidates;
   if (ports.empty()) return {Code::error, "no port to call " + host + " on (no port range)"};
   auto call = std::make_shared<Call>();
-  Status status;
-  for (uint16_t candidate : ports) {
-    status = engine->session_for(host, candidate, deadline, call->session);
-    if (status.ok()) {
-      call->peer = host + ":" + std::to_string(candidate);
+  Status status{Code::unreachable, "no session"};
+  // A session made already, on any of them; else a handshake with each in
+  // turn, each within an equal share of the time left: a port that takes the
+  // connection and stays silent (a squatter) leaves the next one its time.
+  {
+    std::lock_guard guard(engine->sessions_mutex);
+    for (uint16_t candidate : ports) {
+      auto it = engine->sessions.find(host + ":" + std::to_string(candidate));
+      if (it == engine->sessions.end()) continue;
+      call->session = it->second;
+      call->peer = it->first;
+      status = {};
       break;
     }
-    if (status.code == Code::timeout || status.code == Code::error) return status;
+  }
+  for (size_t i = 0; !status.ok() && i < ports.size(); ++i) {
+    auto now = Clock::now();
+    auto share = now + (deadline - now) / long(ports.size() - i);
+    status = engine->session_for(host, ports[i], share, call->session);
+    if (status.ok()) call->peer = host + ":" + std::to_string(ports[i]);
+    if (status.code == Code::error) return status;
   }
   if (!status.ok()) return status;
   call->max_reply = max_reply;

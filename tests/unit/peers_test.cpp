@@ -1,10 +1,13 @@
 // The peer transport over real UCX (TCP on the loopback), against a peer in
 // another process (peers_peer.cpp) that the tests kill, stop and restart.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -342,6 +346,49 @@ TEST_F(PeersTest, ACallerFromAnotherAddressIsRejected) {
   EXPECT_TRUE(call(loopback.port, "e", reply, 3000).ok());
   only.stop();
   loopback.stop();
+}
+
+// The job's ports: a port taken by someone who accepts and stays silent (a
+// squatter) or by another job costs nothing. The stager listens on the next
+// candidate; a caller tries them in order, each within a share of its
+// timeout, and is served within it.
+TEST(PeersPorts, ASilentSquatterOnTheFirstCandidateCostsNothing) {
+  const std::string key = "job-ports-secret";
+  auto candidates = wire::port_candidates(key, 20000, 20499);
+  ASSERT_GE(candidates.size(), 2u);
+  int squat = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{.sin_family = AF_INET,
+                .sin_port = htons(candidates[0]),
+                .sin_addr = {htonl(INADDR_LOOPBACK)}};
+  ASSERT_EQ(bind(squat, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  ASSERT_EQ(listen(squat, 16), 0);  // never accepts, never writes
+  auto start = [&](const char* name) {
+    std::string error;
+    auto peers = Peers::start(
+        {.bind_address = "127.0.0.1",
+         .port_low = 20000,
+         .port_high = 20499,
+         .key = key,
+         .identity = name},
+        [](std::vector<char> request, Reply reply) { reply.send(std::move(request)); }, error);
+    EXPECT_TRUE(peers) << error;
+    return peers;
+  };
+  auto server = start("127.0.0.1");
+  auto client = start("client");
+  ASSERT_TRUE(server && client);
+  EXPECT_EQ(server->port(), candidates[1]);
+  std::vector<char> reply;
+  auto t0 = Clock::now();
+  Status status = client->call("127.0.0.1", 0, "hello", reply, 1000);
+  ASSERT_TRUE(status.ok()) << status.text;
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "hello");
+  printf("[ squatted first port ] first call %ld ms (the squatter's share: 250 ms)\n",
+         ms_since(t0));
+  t0 = Clock::now();
+  ASSERT_TRUE(client->call("127.0.0.1", 0, "again", reply, 1000).ok());
+  EXPECT_LT(ms_since(t0), 200) << "the session on the second port was not kept";
+  close(squat);
 }
 
 // /proc/PID/status's VmRSS, in bytes; /proc/PID/stat's CPU time, in seconds.
