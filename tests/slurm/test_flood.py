@@ -8,6 +8,7 @@ at once, garbage, wrong Proofs, stalled Proofs, idle connections). The stager's
 memory stays within RSS_BOUND of what it held before, the job's ranks read
 the right bytes, and no node gave another up."""
 import os
+import socket
 import subprocess
 import time
 
@@ -21,8 +22,9 @@ FLOODER = os.path.join(os.environ.get("MONARCH_BUILD", os.path.join(st.SRC, "bui
                        "tests", "unit", "monarch_peers_peer")
 
 
-def listening_ports(pid):
-    """The TCP ports the process listens on, in its network namespace."""
+def listening(pid):
+    """(port, IPv4 address) of each TCP socket the process listens on, in its
+    network namespace, by port."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -33,12 +35,13 @@ def listening_ports(pid):
             inodes.add(target[8:-1])
     table = subprocess.run(["nsenter", "-t", str(pid), "-n", "cat", "/proc/net/tcp"],
                            capture_output=True, text=True).stdout.splitlines()[1:]
-    ports = []
+    found = []
     for line in table:
         f = line.split()
         if f[3] == "0A" and f[9] in inodes:
-            ports.append(int(f[1].split(":")[1], 16))
-    return sorted(ports)
+            address, port = f[1].split(":")
+            found.append((int(port, 16), socket.inet_ntoa(bytes.fromhex(address)[::-1])))
+    return sorted(found)
 
 
 def rss(pid):
@@ -76,9 +79,9 @@ class Flood(st.SlurmTest):
             self.assertIsNotNone(first, "the first node's stager")
             # Its front door: a port of peer_ports (7400-7899 here), below
             # the ephemeral ports UCX's own listener takes.
-            port = str(listening_ports(first)[0])
-            address = subprocess.run(["nsenter", "-t", str(first), "-u", "-n", "hostname", "-i"],
-                                     capture_output=True, text=True).stdout.split()[0]
+            # It listens on its node's address, which the flood comes from.
+            port, address = listening(first)[0]
+            port = str(port)
             before = rss(first)
             flooder = subprocess.Popen(
                 ["nsenter", "-t", str(first), "-n", "--", st.RUNUSER, "-u", ATTACKER, "--",
