@@ -68,15 +68,10 @@ std::string mac(const std::string& secret, std::string_view label, uint32_t job,
 JobKey derive_job_key(const Config& config, uint32_t job, uid_t uid, uint32_t restarts) {
   std::string secret = read_secret(config.job_key_secret, uid);
   std::string key = mac(secret, "monarch-job-key-v1", job, uid, restarts);
-  std::string port = mac(secret, "monarch-job-port-v1", job, uid, restarts);
   explicit_bzero(secret.data(), secret.size());
   JobKey out;
   static const char kHex[] = "0123456789abcdef";
   for (unsigned char c : key) out.secret += {kHex[c >> 4], kHex[c & 15]};
-  uint64_t draw = 0;
-  for (int i = 0; i < 8; ++i) draw = draw << 8 | (unsigned char)port[size_t(i)];
-  unsigned range = config.peer_port_high - config.peer_port_low + 1;
-  out.port = uint16_t(config.peer_port_low + draw % range);
   return out;
 }
 

@@ -1,16 +1,15 @@
 // The secret the stagers of one multi-node job share (stager/src/jobwide.h),
-// and the port they listen on, derived by the plugin as root for that job
-// alone, the same on every node of the job:
-//   key  = HMAC-SHA256(secret, "monarch-job-key-v1"  job id, uid, restarts)
-//   port = peer_ports' low end + HMAC-SHA256(secret, "monarch-job-port-v1"
-//          job id, uid, restarts) mod the range's size
+// derived by the plugin as root for that job alone, the same on every node
+// of the job:
+//   key = HMAC-SHA256(secret, "monarch-job-key-v1" job id, uid, restarts)
 // `secret` is the site's job_key_secret (monarch.conf(5)): a file every node
 // holds and no user can read, by default munge's key, which every node of a
 // Slurm cluster that authenticates with munge shares already. Every input
 // comes from Slurm, none from the job's environment: a key is never reused by
-// another job (array tasks, jobs submitted from a job, a requeued run), no
-// user can compute another job's key or port, and the key reaches the stager
-// through a descriptor (process.h), never through an environment.
+// another job (array tasks, jobs submitted from a job, a requeued run), and
+// no user can compute another job's key, nor so the ports the stagers
+// listen on (derived from the key: stager/src/peers.h). The key reaches the
+// stager through a descriptor (process.h), never through an environment.
 #pragma once
 
 #include <sys/types.h>
@@ -25,7 +24,6 @@ namespace monarch::spank {
 
 struct JobKey {
   std::string secret;  // 64 hex digits
-  uint16_t port = 0;
 };
 
 struct JobKeyError : std::runtime_error {

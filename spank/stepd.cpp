@@ -191,8 +191,7 @@ StepPlan plan_step(spank_t sp, uint32_t job) {
     try {
       JobKey key = derive_job_key(plan.config, job, u.uid, plan.record.restarts);
       plan.launch.secret = std::move(key.secret);
-      plan.launch.args.insert(plan.launch.args.end(),
-                              {"--nodes", nodes, "--peer-port", std::to_string(key.port)});
+      plan.launch.args.insert(plan.launch.args.end(), {"--nodes", nodes});
     } catch (const JobKeyError& e) {
       log_error("job " + std::to_string(job) + ": " + e.what());
     }

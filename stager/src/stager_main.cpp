@@ -62,7 +62,6 @@ struct Options {
   // descriptor (--key-fd), never on the command line, which any user sees,
   // nor in an environment, which every process of the job inherits.
   std::string nodes, node, peer_address;
-  unsigned peer_port = 0;
   int key_fd = -1;
 };
 
@@ -686,7 +685,6 @@ Options parse_args(int argc, char** argv) {
       "remove the job's directories at exit if the parent is gone (monarch-run killed)")(
       "nodes", po::value(&o.nodes), "a multi-node job's nodes, as SLURM_JOB_NODELIST")(
       "node", po::value(&o.node), "this node's name in --nodes (default: the short host name)")(
-      "peer-port", po::value(&o.peer_port), "the port the job's stagers listen on")(
       "key-fd", po::value(&o.key_fd), "descriptor to read the job's key from (one line)")(
       "peer-address", po::value(&o.peer_address),
       "the address this stager listens on for the others (default: this node's name "
