@@ -18,22 +18,8 @@
 
 #include "index_wire.h"
 #include "jobwide.h"
+#include "largest_allocation.h"
 #include "peers.h"
-
-std::atomic<size_t> largest_allocation{0};
-void* operator new(size_t n) {
-  size_t seen = largest_allocation.load(std::memory_order_relaxed);
-  while (n > seen && !largest_allocation.compare_exchange_weak(seen, n)) {
-  }
-  if (void* p = malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-__attribute__((noinline)) void operator delete(void* p) noexcept {
-  free(p);
-}
-__attribute__((noinline)) void operator delete(void* p, size_t) noexcept {
-  free(p);
-}
 
 namespace monarch {
 namespace {

@@ -32,22 +32,7 @@
 
 extern char** environ;
 
-// The largest single allocation this process made since reset: an answer
-// longer than the caller allows must never be allocated.
-std::atomic<size_t> largest_allocation{0};
-void* operator new(size_t n) {
-  size_t seen = largest_allocation.load(std::memory_order_relaxed);
-  while (n > seen && !largest_allocation.compare_exchange_weak(seen, n)) {
-  }
-  if (void* p = malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-__attribute__((noinline)) void operator delete(void* p) noexcept {
-  free(p);
-}
-__attribute__((noinline)) void operator delete(void* p, size_t) noexcept {
-  free(p);
-}
+#include "largest_allocation.h"
 
 namespace monarch::peers {
 namespace {
