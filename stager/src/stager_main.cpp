@@ -295,7 +295,8 @@ struct Stager {
   }
 
   // A multi-node job's nodes as one cache, unless the configuration or
-  // something missing says otherwise (one log line why).
+  // something missing says otherwise (one log line why, and the statistics'
+  // `alone` unless the configuration said so).
   void start_jobwide() {
     const char* key = getenv(kEnvJobKey);
     std::string secret = key ? key : "";
@@ -306,6 +307,7 @@ struct Stager {
       nodes = expand_hostlist(opt.nodes);
     } catch (const std::invalid_argument& e) {
       spdlog::warn("caching on this node alone: {}", e.what());
+      counters[s_alone] = 1;
       return;
     }
     if (nodes.size() < 2 || !config.job_wide) return;
@@ -335,13 +337,15 @@ struct Stager {
     }
     if (!jobwide) {
       spdlog::warn("caching on this node alone: {}", why);
+      counters[s_alone] = 1;
       return;
     }
     spdlog::info("one cache with the job's {} nodes, port {}", nodes.size(), opt.peer_port);
   }
 
-  // The index: from the node that walks it, in a multi-node job; walked here
-  // otherwise, or when that node does not send it.
+  // The index: in a multi-node job from a node before this one (jobwide.h),
+  // or walked here for the job when every node before this one is out;
+  // walked here otherwise, or when no node sends it in time.
   MappedMap make_index(const IndexOptions& io, const std::function<void(JobMap&)>& publish) {
     if (jobwide && !jobwide->walks()) {
       std::string why = early_why;
@@ -358,13 +362,18 @@ struct Stager {
           why = e.what();
         }
       }
-      counters[s_index_received] = 0;
-      // Files are named by their place in the one index: a node with an
-      // index of its own (the dataset may have changed since) leaves the
-      // job's cache and caches alone.
-      spdlog::warn("walking the dataset here, caching on this node alone: {}", why);
-      jobwide->stop();
-      jobwide.reset();
+      if (jobwide->walks()) {
+        spdlog::warn("walking the dataset for the job: {}", why);
+      } else {
+        // Files are named by their place in the one index: a node with an
+        // index of its own (the dataset may have changed since) leaves the
+        // job's cache and caches alone.
+        counters[s_index_received] = 0;
+        counters[s_alone] = 1;
+        spdlog::warn("walking the dataset here, caching on this node alone: {}", why);
+        jobwide->stop();
+        jobwide.reset();
+      }
     }
     return build_index(io, index_stats, publish);
   }
