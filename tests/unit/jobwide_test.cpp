@@ -462,6 +462,44 @@ TEST_F(ElectionTest, AFirstNodeThatIsLateIsWaitedFor) {
   one_cache(0, 1);
 }
 
+// A node that received the index serves it as the walker does: node 2 gave
+// node 0 up (not up yet when node 2 asked), then node 0 came up and node 1
+// took the index from it; node 2 takes it from node 1. (Node 2 at 127.0.0.2
+// is only a caller here.)
+TEST_F(ElectionTest, ANodeThatReceivedTheIndexServesIt) {
+  job.nodes = {"127.0.0.1", other.address, "127.0.0.2"};
+  job.timeout_ms = 8000;  // the patience: room for nodes 0 and 1 to start
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  std::string error, why;
+  bool final = false;
+  std::unique_ptr<JobWide> third(JobWide::start({.nodes = job.nodes,
+                                                 .self = 2,
+                                                 .port = job.port,
+                                                 .address = job.nodes[2],
+                                                 .key = "job-77-secret",
+                                                 .timeout_ms = job.timeout_ms},
+                                                counters, error));
+  ASSERT_TRUE(third) << error;
+  auto start = Clock::now();
+  while (counters[s_peers_failed].load() == 0 && ms_since(start) < 60000) {
+    ASSERT_FALSE(third->fetch_index(1, why, final)) << "an index from a node not up";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(counters[s_peers_failed].load(), 1u) << "node 0 never given up on: " << why;
+
+  nodes[0] = std::make_unique<Node>(root, dir / "tier0", 0, job);
+  nodes[1] = std::make_unique<Node>(root, dir / "tier1", 1, job);
+  EXPECT_EQ(nodes[1]->counters[s_index_received].load(), 1u);
+  EXPECT_EQ(nodes[1]->counters[s_peers_failed].load(), 0u);
+  std::optional<std::string> wire = third->fetch_index(kIndexWaitMs, why, final);
+  ASSERT_TRUE(wire) << why;
+  EXPECT_FALSE(third->walks());
+  EXPECT_EQ(counters[s_index_received].load(), 1u);
+  EXPECT_EQ(counters[s_peers_failed].load(), 1u) << "node 1 given up on too";
+  EXPECT_TRUE(*wire == index_wire(nodes[0]->map.map())) << "not the index node 0 walked";
+  third->stop();
+}
+
 INSTANTIATE_TEST_SUITE_P(Stranger, SquatTest,
                          ::testing::Values(Stranger::kAnotherJob, Stranger::kSilent,
                                            Stranger::kBound),
