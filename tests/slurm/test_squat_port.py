@@ -34,12 +34,14 @@ for _ in range(3000):
     time.sleep(0.1)
 """
 
-# Each node's task reads once its node's map is there (reads before it go to
-# the PFS unseen), two epochs, and keeps the stager's log.
+# Each node's task reads every file of $OUT/list (no listing of its own: the
+# PFS's directory listings count the walks) once its node's map is there
+# (reads before it go to the PFS unseen), two epochs, and keeps the stager's
+# log.
 STEP = r"""source "$JOBS/lib.sh"
 T=node.$(hostname)
 wait_job_file index
-read_epochs "$T" 2
+for e in 1 2; do xargs md5sum <"$OUT/list" >"$OUT/$T.epoch$e.md5"; done
 cp "$MONARCH_JOB_DIR/stager.log" "$OUT/$T.log"
 """
 
@@ -86,6 +88,8 @@ class SquatPort(st.SlurmTest):
         with st.plugstack_args(f"config={conf}"):
             squatter, squatter_work = self.squat(first)
             work = st.workdir(USER, "squat-port")
+            with open(os.path.join(work, "list"), "w") as f:
+                f.write("".join(p.replace(source, dataset) + "\n" for p in files))
             script = os.path.join(work, "job.sh")
             with open(script, "w") as f:
                 f.write(BATCH.format(step=STEP.replace("'", "'\\''")))
