@@ -116,7 +116,9 @@ class SquatPort(st.SlurmTest):
                 "served_bytes", "copies", "peer_copies")
         for host, s in sorted(stats.items()):
             print(host, {k: st.stager_counter(s, k) for k in keys})
-        counter = lambda node, name: st.stager_counter(stats[node], name)
+
+        def counter(node, name):
+            return st.stager_counter(stats[node], name)
 
         # The first node cached alone: one line says why, and its report.
         alone = [l for l in logs[first].splitlines() if "caching on this node alone" in l]
