@@ -156,8 +156,8 @@ class SquatPort(st.SlurmTest):
         self.assertEqual(r.returncode, 0, r.stderr)
         summary = r.stdout.split("\n\n")[0]
         print(summary)
-        self.assertIn(f"nodes that cached on their own, outside the job's cache: {first}\n",
-                      summary)
+        self.assertRegex(summary,
+                         rf"(?m)^  nodes that cached on their own, outside the job's cache: {first}$")
         self.assertNoLeftovers(job)
 
 
