@@ -82,7 +82,8 @@ namespace monarch {
   X(peer_fallbacks, "copies from another node that went to the PFS instead")              \
   X(served_bytes, "bytes sent to other nodes (an answer sent again counts again)")        \
   X(peers_failed, "nodes of the job this node stopped asking (dead or unreachable)")      \
-  X(index_received, "1 when the index came from another node instead of a walk")
+  X(index_received, "1 when the index came from another node instead of a walk")          \
+  X(alone, "1 when this node of a multi-node job cached on its own, outside the job's cache")
 
 enum StagerCounter : int {
 #define MONARCH_STAGER_ENUM(name, meaning) s_##name,

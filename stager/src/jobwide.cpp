@@ -36,9 +36,11 @@ constexpr size_t kMaxQueued = 256;  // requests waiting for a server
 // How long a reader's bytes from another node may stay pending (the node
 // copies the file from the PFS first) before the reader reads the PFS.
 constexpr uint64_t kPassOnPatienceNs = 30'000'000'000;
-// The walking node answers a request for the index within this, pending
-// while it still walks; the asking node asks again.
-constexpr uint64_t kIndexPollMs = 500;
+// A node without the index yet answers a request for it "pending" at once
+// (so that a walker asked by every node holds no server long); the asking
+// node asks again this much later. Each call waits at most kIndexCallMs.
+constexpr uint64_t kIndexRetryMs = 100;
+constexpr uint64_t kIndexCallMs = 1000;
 // Answers of the whole index being sent at once, at most (each holds a copy
 // of it until sent); past it, the asker is told to ask again.
 constexpr unsigned kMaxIndexAnswers = 2;
@@ -137,7 +139,9 @@ JobWide::JobWide(JobWideOptions options, std::atomic<uint64_t>* counters)
         return nodes;
       }()),
       counters_(counters),
-      peers_(new Peer[opt_.nodes.size()]) {}
+      peers_(new Peer[opt_.nodes.size()]) {
+  walker_ = opt_.self == 0;
+}
 
 std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
                                         std::atomic<uint64_t>* stager_counters,
@@ -217,7 +221,7 @@ void JobWide::serving(JobMap& map, Copier& copier, std::vector<int> tier_fds) {
   map_ = &map;
   copier_ = &copier;
   tier_fds_ = std::move(tier_fds);
-  if (walks()) wire_ = index_wire(map);
+  wire_ = index_wire(map);
   cv_.notify_all();
 }
 
@@ -253,9 +257,9 @@ void JobWide::worker() {
 
 void JobWide::serve(const Request& r, peers::Reply& reply) {
   spdlog::debug("peer request {} for file {} at {} ({} bytes)", r.type, r.file, r.off, r.len);
-  uint64_t deadline = now_ns() + (r.type == kIndex ? kIndexPollMs * 1'000'000 : kLongPollNs);
+  uint64_t deadline = now_ns() + (r.type == kIndex ? 0 : kLongPollNs);
   std::unique_lock lock(mu_);
-  // Requests that come before this node's map wait for it (the index, a file).
+  // Requests for a file that come before this node's map wait for it.
   while (!map_ && !stopping_ && now_ns() < deadline)
     cv_.wait_for(lock, std::chrono::milliseconds(20));
   if (!map_ || stopping_) return reply.send({kPending});
@@ -336,41 +340,59 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
 std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& why, bool& final,
                                                 const std::atomic<bool>* stop) {
   Request r{.type = kIndex};
+  std::string_view request(reinterpret_cast<char*>(&r), sizeof r);
   std::vector<char> reply;
   uint64_t deadline = now_ns() + wait_ms * 1'000'000;
-  const std::string& walker = opt_.nodes[0];
+  uint64_t patience = std::max(uint64_t(opt_.timeout_ms) * 1'000'000, kIndexPatienceNs);
   final = true;
   for (;;) {
+    int from = 0;  // the first node before this one not out
+    while (from < opt_.self && peers_[from].failed.load()) ++from;
+    if (from == opt_.self) {
+      walker_ = true;
+      why = "every node before this one in the job's node list is out";
+      return std::nullopt;
+    }
+    const std::string& node = opt_.nodes[from];
+    Peer& peer = peers_[from];
     uint64_t left_ms = deadline > now_ns() ? (deadline - now_ns()) / 1'000'000 : 0;
     peers::Status st =
-        net_->call(walker, 0, std::string_view(reinterpret_cast<char*>(&r), sizeof r), reply,
-                   int(std::clamp<uint64_t>(left_ms, 1, 2 * kIndexPollMs)));
-    if (st.ok() && !reply.empty() && reply.back() == kBytes) {
+        net_->call(node, 0, request, reply, int(std::clamp<uint64_t>(left_ms, 1, kIndexCallMs)));
+    char answer = st.ok() && !reply.empty() ? reply.back() : 0;
+    if (st.ok()) {  // it holds the job's key
+      peer.answered = true;
+      peer.silent_since = 0;
+    }
+    if (answer == kBytes) {
       reply.pop_back();
       counters_[s_index_received] = 1;
       return std::string(reply.begin(), reply.end());
     }
-    if (st.ok() && !reply.empty() && reply.back() == kUnavailable) {
-      why = walker + " has no index to send";
-      return std::nullopt;
-    }
-    if (st.code == peers::Code::refused) {
-      why = walker + " refused this job's key";
-      return std::nullopt;
+    if (answer == kPending) {
+      // Alive, without the index yet (walking, or waiting for it itself).
+    } else if (st.ok() || st.code == peers::Code::refused) {
+      fail(from, st.ok() ? peers::Status{peers::Code::error, "it sent no index"} : st);
+      continue;
+    } else {  // not listening, or silent: out once that lasts
+      uint64_t now = now_ns(), since = peer.silent_since.load();
+      if (!since)
+        peer.silent_since.compare_exchange_strong(since, now), since = since ? since : now;
+      if (now - since >= patience) {
+        fail(from, st);
+        continue;
+      }
     }
     if (stop && stop->load()) {  // the job ended meanwhile
-      why = "stopped before " + walker + " sent the index";
+      why = "stopped before " + node + " sent the index";
       return std::nullopt;
     }
-    // Not listening yet (its stager starts with its first step there), or
-    // still walking: asked again until the wait is over.
     if (now_ns() >= deadline) {
-      why = walker + " sent no index within " + std::to_string(wait_ms) + " ms (" +
-            (st.ok() ? std::string("still walking") : st.text) + ")";
+      why = node + " sent no index within " + std::to_string(wait_ms) + " ms (" +
+            (st.ok() ? std::string("it has none yet") : st.text) + ")";
       final = false;
       return std::nullopt;
     }
-    if (!st.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(st.ok() ? kIndexRetryMs : 20));
   }
 }
 

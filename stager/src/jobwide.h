@@ -1,8 +1,24 @@
 // Job-wide caching (issue 9): the stagers of a multi-node job as one cache.
 //
-// - One index per job: the first node of the job's node list walks the
-//   dataset; every other node asks it for the index (index_wire.h) and walks
-//   only when it does not answer in time (one log line).
+// - One index per job, walked once: node k of the job's node list (Slurm's
+//   order) walks the dataset when every node before it is out in its view
+//   (node 0 always walks); every other node asks the first node before it
+//   that it does not count out for the index (index_wire.h), and a node that
+//   received the index serves it to others as the walker does. A node is out
+//   for the rest of the job (failed, as below) when it refuses the job's key
+//   or sends no index (what answers at its port is a squatter, or not of
+//   this job), or answers nothing for max(peer timeout, kIndexPatienceNs)
+//   from the first try (its port taken and nobody listening, or what listens
+//   never answering; a node whose stager cannot listen caches alone). A
+//   node waits at most index_wait_ms in all, and past it walks and caches
+//   alone (one log line).
+//   Views of which nodes are out may differ (node 0 squatted, node 2 gave
+//   node 1 up while node 1 was merely late: both walk, and node 1 asks node
+//   2 for files by its own index): bytes stay right, as every request carries the file's
+//   id, size, inode and mtime, and a node that holds another file or version
+//   under that id answers "unavailable" and the asker reads the PFS. What is
+//   lost is only PFS load: a second walk and copies of the files the two
+//   indexes disagree on.
 // - Homes (home.h): every file has one home node (balanced by bytes over the
 //   job's one index; a failed node's files re-homed by rendezvous), which
 //   copies it from the PFS and stages it ahead; another node that needs it copies it from the
@@ -92,14 +108,18 @@ class JobWide : public PeerSource {
 
   // What the stager calls is inline or virtual: it calls the module's code
   // through the object the module made, and links none of it.
-  bool walks() const { return opt_.self == 0; }
-  // The index from the walking node, in wire form, waiting at most wait_ms;
+  // This node walks the dataset for the job: it is node 0, or fetch_index()
+  // found every node before it out.
+  bool walks() const { return walker_.load(); }
+  // The index from the first node before this one that is not out, in wire
+  // form, waiting at most wait_ms (later calls go on where this one ended);
   // nullopt and why when it did not come. final: asking again is pointless
-  // (the node refused or has none); otherwise the time was too short.
+  // (walks() became true, or `stop` was set); otherwise the time was too
+  // short.
   virtual std::optional<std::string> fetch_index(uint64_t wait_ms, std::string& why, bool& final,
                                                  const std::atomic<bool>* stop = nullptr);
-  // The map is published here: serving starts (the index, when this node
-  // walked it; files). Before that, requests wait.
+  // The map is published here: serving starts (the index, walked here or
+  // received; files). Before that, requests wait.
   virtual void serving(JobMap& map, Copier& copier, std::vector<int> tier_fds);
   // Before the map, its copier or the tier descriptors go away: serving
   // stops, and read() fails at once from then on (the copier's threads may
@@ -116,6 +136,15 @@ class JobWide : public PeerSource {
   Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, bool replica,
            size_t& n) override;
   bool resting(int node) override;
+
+  // A node before this one that answers nothing for this long (or the peer
+  // timeout, if longer) is out for the index. A live stager answers an index
+  // request at once (pending until it has the index), and the steps of one
+  // srun start on all nodes within about a second: twice the wait for a
+  // file's home (kNotUpWaitNs), as giving up a node that is merely late
+  // costs a second walk and the copies the two indexes disagree on, while
+  // waiting costs only this node's reads going to the PFS a little longer.
+  static constexpr uint64_t kIndexPatienceNs = 4'000'000'000;
 
  private:
   using Request = JobWideRequest;
@@ -151,6 +180,7 @@ class JobWide : public PeerSource {
   // kNotUpRetryNs, and given up on once index_wait_ms have passed.
   static constexpr uint64_t kNotUpWaitNs = 2'000'000'000;
   static constexpr uint64_t kNotUpRetryNs = 1'000'000'000;
+  std::atomic<bool> walker_{false};  // walks(): set once, never cleared
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -162,7 +192,7 @@ class JobWide : public PeerSource {
   std::vector<uint16_t> first_home_;  // balance_homes() of the index, by serving()
   Copier* copier_ = nullptr;
   std::vector<int> tier_fds_;
-  std::string wire_;  // the index, when this node walked it
+  std::string wire_;  // the index, walked or received, served to the nodes after this one
   // Answers of the index not sent yet: at most kMaxIndexAnswers.
   std::shared_ptr<std::atomic<unsigned>> index_answers_ =
       std::make_shared<std::atomic<unsigned>>(0);

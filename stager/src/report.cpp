@@ -193,6 +193,7 @@ Traffic traffic(const pt::ptree& c) {
   t.peer_sent = num(c, skey(s_served_bytes));
   t.peer_received = num(c, skey(s_peer_bytes));
   t.peers_failed = num(c, skey(s_peers_failed));
+  t.alone = num(c, skey(s_alone));
   return t;
 }
 
@@ -221,6 +222,10 @@ std::vector<Fallback> fallbacks(const pt::ptree& t, const Figures& f) {
   for (const Figures::Tier& tier : f.tiers)
     tiers += (tiers.empty() ? "" : ", ") + tier.name + " " + human_bytes(tier.used) + " of " +
              human_bytes(tier.quota) + (tier.full ? ", its file system full" : "");
+  if (num(c, skey(s_alone)) > 0)
+    out.push_back({skey(s_alone), 1,
+                   "this node cached on its own, outside the job's cache (the stager's log says "
+                   "why): it walked the dataset and copied its files from the PFS itself"});
   add(skey(s_noroom), num(c, skey(s_noroom)),
       "files did not fit on any tier (" + tiers + "): read from the PFS in every epoch");
   add(skey(s_copy_errors), num(c, skey(s_copy_errors)),

@@ -34,8 +34,9 @@ struct Traffic {
   double stager_copied = 0;     // bytes the stager cached from the PFS (read + handed off)
   double local_reads = 0, local_bytes = 0;  // answered from node-local tiers (tier_*)
   // A multi-node job's cache: bytes this node sent the others, received from
-  // them (copies and reads passed on), nodes it gave up on.
-  double peer_sent = 0, peer_received = 0, peers_failed = 0;
+  // them (copies and reads passed on), nodes it gave up on; 1 when it cached
+  // on its own, outside the job's cache.
+  double peer_sent = 0, peer_received = 0, peers_failed = 0, alone = 0;
   double hit() const { return bytes > 0 ? local_bytes / bytes : 0; }
   double read_hit() const { return reads > 0 ? local_reads / reads : 0; }
 };

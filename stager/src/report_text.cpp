@@ -118,7 +118,7 @@ std::string job_summary_text(const std::vector<std::string>& jsons) {
   for (const std::string& j : jsons) nodes.push_back(figures(j));
   double pfs = 0, job_pfs = 0, sent = 0, received = 0, dataset = 0;
   const Figures* slowest = nullptr;
-  std::string unfinished, gave_up;
+  std::string unfinished, gave_up, alone;
   for (const Figures& f : nodes) {
     pfs += f.total.pfs_bytes;
     job_pfs += f.total.job_pfs_bytes;
@@ -129,6 +129,7 @@ std::string job_summary_text(const std::vector<std::string>& jsons) {
     if (!f.complete) unfinished += (unfinished.empty() ? "" : ", ") + f.host;
     if (f.total.peers_failed > 0)
       gave_up += (gave_up.empty() ? "" : ", ") + f.host + " (" + count(f.total.peers_failed) + ")";
+    if (f.total.alone > 0) alone += (alone.empty() ? "" : ", ") + f.host;
   }
   std::ostringstream o;
   o << "monarch: " << nodes[0].title << " on " << nodes.size() << " nodes, dataset "
@@ -145,6 +146,8 @@ std::string job_summary_text(const std::vector<std::string>& jsons) {
   o << "  slowest node: " << slowest->host << " (" << fmt("%.1f", slowest->elapsed_s) << " s)\n";
   if (!gave_up.empty())
     o << "  nodes that gave another node up (dead, hung or unreachable): " << gave_up << "\n";
+  if (!alone.empty())
+    o << "  nodes that cached on their own, outside the job's cache: " << alone << "\n";
   if (!unfinished.empty())
     o << "  stagers that did not finish (killed; their figures stop at their last flush): "
       << unfinished << "\n";

@@ -314,7 +314,8 @@ struct Stager {
   }
 
   // A multi-node job's nodes as one cache, unless the configuration or
-  // something missing says otherwise (one log line why).
+  // something missing says otherwise (one log line why, and the statistics'
+  // `alone` unless the configuration said so).
   void start_jobwide() {
     std::string secret = read_key(opt.key_fd);
     if (opt.nodes.empty()) return;
@@ -323,6 +324,7 @@ struct Stager {
       nodes = expand_hostlist(opt.nodes);
     } catch (const std::invalid_argument& e) {
       spdlog::warn("caching on this node alone: {}", e.what());
+      counters[s_alone] = 1;
       return;
     }
     if (nodes.size() < 2 || !config.job_wide) return;
@@ -351,14 +353,16 @@ struct Stager {
     }
     if (!jobwide) {
       spdlog::warn("caching on this node alone: {}", why);
+      counters[s_alone] = 1;
       return;
     }
     spdlog::info("one cache with the job's {} nodes, on a port of {}-{} the key gives",
                  nodes.size(), config.peer_port_low, config.peer_port_high);
   }
 
-  // The index: from the node that walks it, in a multi-node job; walked here
-  // otherwise, or when that node does not send it.
+  // The index: in a multi-node job from a node before this one (jobwide.h),
+  // or walked here for the job when every node before this one is out;
+  // walked here otherwise, or when no node sends it in time.
   MappedMap make_index(const IndexOptions& io, const std::function<void(JobMap&)>& publish) {
     if (jobwide && !jobwide->walks()) {
       std::string why = early_why;
@@ -375,13 +379,18 @@ struct Stager {
           why = e.what();
         }
       }
-      counters[s_index_received] = 0;
-      // Files are named by their place in the one index: a node with an
-      // index of its own (the dataset may have changed since) leaves the
-      // job's cache and caches alone.
-      spdlog::warn("walking the dataset here, caching on this node alone: {}", why);
-      jobwide->stop();
-      jobwide.reset();
+      if (jobwide->walks()) {
+        spdlog::warn("walking the dataset for the job: {}", why);
+      } else {
+        // Files are named by their place in the one index: a node with an
+        // index of its own (the dataset may have changed since) leaves the
+        // job's cache and caches alone.
+        counters[s_index_received] = 0;
+        counters[s_alone] = 1;
+        spdlog::warn("walking the dataset here, caching on this node alone: {}", why);
+        jobwide->stop();
+        jobwide.reset();
+      }
     }
     return build_index(io, index_stats, publish);
   }

@@ -1,9 +1,10 @@
-// Two stagers of one job in one process, over real UCX (TCP): node 0 listens
+// Stagers of one job in one process, over real UCX (TCP): node 0 listens
 // on the loopback's 127.0.0.1, node 1 on the machine's first other IPv4
-// address, on the same port (UCX connects only to an address of an interface
-// it uses, so not to 127.0.0.2). Each has its own job map and tier and copies
+// address, on the same port. Each has its own job map and tier and copies
 // from the same dataset. What a node does when another node's stager goes
-// away and comes back (jobwide.h, Faults).
+// away and comes back (jobwide.h, Faults), and which node walks the dataset
+// when the first node's port is taken by a stranger (jobwide.h, One index per
+// job: three nodes, the first at 127.0.0.2).
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +29,7 @@
 #include "copier.h"
 #include "counters.h"
 #include "index.h"
+#include "index_wire.h"
 #include "jobwide.h"
 #include "placement.h"
 
@@ -67,6 +70,9 @@ const bool tcp_only = [] {
 // machine; a node away is not asked for min(1 s, a quarter of it).
 constexpr unsigned kTimeoutMs = 5000;
 constexpr size_t kFileBytes = 64 << 10;
+// How long a node waits for the index in all (the stager's start_timeout):
+// far longer than any node is waited for before it is out.
+constexpr unsigned kIndexWaitMs = 60000;
 
 long ms_since(Clock::time_point t) {
   return long(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
@@ -83,6 +89,17 @@ uint16_t free_port() {
   return ntohs(a.sin_port);
 }
 
+// A job's nodes (their names are the addresses they listen on) and settings.
+struct Job {
+  std::vector<std::string> nodes;
+  uint16_t port = 0;
+  unsigned timeout_ms = kTimeoutMs;
+  // false: every node walks the dataset itself (the same walk: the same
+  // index). true: as the stager does, the node that walks() walks and every
+  // other node fetches the index (which throws when it does not come).
+  bool elect = false;
+};
+
 // One node's stager: its job map, tier, copier and job-wide cache, serving.
 struct Node {
   std::atomic<uint64_t> counters[kNumStagerCounters] = {};
@@ -92,33 +109,42 @@ struct Node {
   std::unique_ptr<Placement> placement;
   std::unique_ptr<JobWide> jw;
   std::unique_ptr<Copier> copier;
+  std::string index_why;  // why fetch_index() sent no index, when it did not
 
-  Node(const fs::path& root, const fs::path& tier_dir, int self, uint16_t port) : tier(tier_dir) {
+  Node(const fs::path& root, const fs::path& tier_dir, int self, const Job& job) : tier(tier_dir) {
     fs::remove_all(tier);
     fs::create_directories(tier / kTmpDir);
     fs::create_directories(tier / kDataDir);
+    root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    tier_fd = open(tier.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    std::string error;
+    jw = JobWide::start({.nodes = job.nodes,
+                         .self = self,
+                         .port_low = job.port,
+                         .port_high = job.port,
+                         .address = job.nodes[self],
+                         .key = "job-77-secret",
+                         .timeout_ms = job.timeout_ms,
+                         .index_wait_ms = kIndexWaitMs},
+                        counters, error);
+    if (!jw) throw std::runtime_error("node " + std::to_string(self) + ": " + error);
     IndexOptions io{.root = root.string(),
                     .out_path = (tier / "index").string(),
                     .tier_dirs = {tier.string()},
                     .stall_ns = 200'000'000,
                     .generation = uint64_t(self) + 1};
     IndexStats st;
-    map = build_index(io, st, [](JobMap&) {});
-    root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    tier_fd = open(tier.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    std::optional<std::string> wire;
+    if (job.elect && !jw->walks()) {
+      bool final = false;
+      wire = jw->fetch_index(kIndexWaitMs, index_why, final);
+      if (!wire && !jw->walks())
+        throw std::runtime_error("node " + std::to_string(self) + " got no index: " + index_why);
+    }
+    map = wire ? build_index_from(io, *wire, st, [](JobMap&) {})
+               : build_index(io, st, [](JobMap&) {});
     placement = std::make_unique<Placement>(
         std::vector<Placement::Tier>{{64 << 20, 4096}}, [](int) { return uint64_t(1) << 30; }, 0);
-    std::string error;
-    jw = JobWide::start({.nodes = {"127.0.0.1", other.address},
-                         .self = self,
-                         .port_low = port,
-                         .port_high = port,
-                         .address = self == 0 ? "127.0.0.1" : other.address,
-                         .key = "job-77-secret",
-                         .timeout_ms = kTimeoutMs,
-                         .index_wait_ms = 5000},
-                        counters, error);
-    if (!jw) throw std::runtime_error("node " + std::to_string(self) + ": " + error);
     copier = std::make_unique<Copier>(map.map(), *placement,
                                       CopierOptions{.root_fd = root_fd,
                                                     .tier_fds = {tier_fd},
@@ -161,7 +187,7 @@ class JobWideTest : public ::testing::Test {
       std::ofstream(root / ("f" + std::to_string(i))) << bytes;
     }
     port = free_port();
-    a = std::make_unique<Node>(root, dir / "tier-a", 0, port);
+    a = std::make_unique<Node>(root, dir / "tier-a", 0, job());
     b = start_b();
     for (uint32_t f = 0; f < a->map.map().size() && file < 0; ++f)
       if (a->jw->home(f) == 1) file = int(f);
@@ -172,7 +198,8 @@ class JobWideTest : public ::testing::Test {
     b.reset();
     fs::remove_all(dir);
   }
-  std::unique_ptr<Node> start_b() { return std::make_unique<Node>(root, dir / "tier-b", 1, port); }
+  std::unique_ptr<Node> start_b() { return std::make_unique<Node>(root, dir / "tier-b", 1, job()); }
+  Job job() const { return {.nodes = {"127.0.0.1", other.address}, .port = port}; }
 
   // Node 0 reads the file from node 1 as a copy of node 0 does, at most `ms`:
   // again while node 1 answers "pending" (its own copy from the PFS), and,
@@ -260,6 +287,231 @@ TEST_F(JobWideTest, AReplicaWaitsWhileTheHomeIsAway) {
   EXPECT_EQ(settled(true), Got::kNotYet);
   EXPECT_EQ(a->counters[s_peers_failed].load(), 0u);
 }
+
+// What holds the job's port on its first node's address before the job's
+// stager there starts.
+enum class Stranger {
+  kAnotherJob,  // another job's stager (another key): what it answers is refused
+  kSilent,      // a socket that listens and never answers
+  kBound,       // a socket bound, not listening: connections are refused
+};
+
+std::string to_string(Stranger s) {
+  return s == Stranger::kAnotherJob ? "AnotherJob" : s == Stranger::kSilent ? "Silent" : "Bound";
+}
+
+// Nodes of one job that make their index as the stager does. UCX serves a
+// listener only on an address of an interface (here 127.0.0.1 and the other
+// address), so a job of three has its node 0 at 127.0.0.2, where only a
+// stranger's plain socket can be; a job of two has both nodes reachable.
+const std::vector<std::string> kThreeNodes = {"127.0.0.2", "127.0.0.1", other.address};
+const std::vector<std::string> kTwoNodes = {"127.0.0.1", other.address};
+
+class ElectionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (other.name.empty()) {
+      if (const char* strict = getenv("MONARCH_STRICT"); strict && std::string(strict) == "1")
+        FAIL() << "no IPv4 address outside the loopback";
+      GTEST_SKIP() << "no IPv4 address outside the loopback";
+    }
+    char name[] = "/tmp/monarch-election-XXXXXX";
+    dir = mkdtemp(name);
+    root = dir / "ds";
+    fs::create_directories(root);
+    for (int i = 0; i < 8; ++i)
+      std::ofstream(root / ("f" + std::to_string(i))) << std::string(kFileBytes, char('a' + i));
+    job.port = free_port();
+  }
+  void TearDown() override {
+    for (auto& n : nodes) n.reset();
+    if (squatter >= 0) close(squatter);
+    fs::remove_all(dir);
+  }
+
+  // Starts nodes `from`... at once, as the steps of one srun do, node 0 (when
+  // among them) `late_ms` after the others; how long each took to have its map.
+  void start(int from, long late_ms = 0) {
+    std::vector<std::thread> threads;
+    for (int i = from; i < int(job.nodes.size()); ++i)
+      threads.emplace_back([this, i, late_ms] {
+        if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+        auto t = Clock::now();
+        try {
+          nodes[i] = std::make_unique<Node>(root, dir / ("tier" + std::to_string(i)), i, job);
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+        took_ms[i] = ms_since(t);
+      });
+    for (auto& t : threads) t.join();
+  }
+
+  // The stranger takes node 0's address and port first.
+  void squat(Stranger kind) {
+    const std::string& address = job.nodes[0];
+    if (kind == Stranger::kAnotherJob) {
+      std::string error;
+      another_job = peers::Peers::start(
+          {.bind_address = address,
+           .port = job.port,
+           .key = "another-jobs-key",
+           .identity = address},
+          [](std::vector<char>, peers::Reply reply) { reply.send({'B'}); }, error);
+      ASSERT_TRUE(another_job) << error;
+      return;
+    }
+    squatter = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{.sin_family = AF_INET, .sin_port = htons(job.port)};
+    inet_pton(AF_INET, address.c_str(), &a.sin_addr);
+    ASSERT_EQ(bind(squatter, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+    if (kind == Stranger::kSilent) {
+      ASSERT_EQ(listen(squatter, 64), 0);
+    }
+  }
+
+  // Node `a` and node `b` are one cache: the same file under every id, the
+  // same homes (node 0 none), and each reads the files homed on the other
+  // from it, with the right bytes.
+  void one_cache(int a, int b) {
+    JobMap& ma = nodes[a]->map.map();
+    JobMap& mb = nodes[b]->map.map();
+    ASSERT_EQ(ma.size(), 8u);
+    ASSERT_EQ(ma.size(), mb.size());
+    std::vector<char> buf(kFileBytes);
+    for (uint32_t f = 0; f < ma.size(); ++f) {
+      EXPECT_EQ(ma.path(f), mb.path(f)) << "file " << f;
+      EXPECT_EQ(ma.entry(f).ino, mb.entry(f).ino) << "file " << f;
+      int ha = nodes[a]->jw->home(f), hb = nodes[b]->jw->home(f);
+      ha = ha < 0 ? a : ha;  // home() says -1 for the node itself
+      hb = hb < 0 ? b : hb;
+      EXPECT_EQ(ha, hb) << "file " << f << ": homes differ";
+      if (ha != a && ha != b) continue;
+      int reader = ha == a ? b : a;
+      Got got;
+      size_t n = 0;
+      auto start = Clock::now();
+      do got = nodes[reader]->jw->read(ha, f, 0, buf.data(), buf.size(), false, n);
+      while (got == Got::kPending && ms_since(start) < 10000);
+      ASSERT_EQ(got, Got::kBytes) << "node " << reader << " reading file " << f << " from " << ha;
+      std::string want(kFileBytes, char('a' + (ma.path(f).back() - '0')));
+      EXPECT_EQ(std::string(buf.data(), n), want) << "file " << f;
+    }
+  }
+
+  fs::path dir, root;
+  Job job{.elect = true};
+  std::unique_ptr<Node> nodes[3];
+  std::string errors[3];
+  long took_ms[3] = {};
+  std::unique_ptr<peers::Peers> another_job;
+  int squatter = -1;
+};
+
+class SquatTest : public ElectionTest, public ::testing::WithParamInterface<Stranger> {};
+
+// The first node's port is taken: its stager cannot listen (it caches alone,
+// stager_main.cpp), and the job's other nodes give it up; node 1 walks the
+// dataset for the job and node 2 gets the index from node 1: one walk, one
+// cache. Another job's stager refuses at once (two nodes: UCX reaches it only
+// at an interface's address); silence or refused connections put node 0 out
+// after the patience (three nodes: node 0 at 127.0.0.2).
+TEST_P(SquatTest, TheOtherNodesShareOneIndexWhenTheFirstNodesPortIsTaken) {
+  if (GetParam() == Stranger::kAnotherJob) {
+    job.nodes = kTwoNodes;
+    job.timeout_ms = kIndexWaitMs;  // a refusal alone can put node 0 out in time
+  } else {
+    job.nodes = kThreeNodes;
+    job.timeout_ms = 1000;  // out after kIndexPatienceNs
+  }
+  squat(GetParam());
+
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  std::string error;
+  EXPECT_FALSE(JobWide::start({.nodes = job.nodes,
+                               .port_low = job.port,
+                               .port_high = job.port,
+                               .address = job.nodes[0],
+                               .key = "job-77-secret"},
+                              counters, error))
+      << "node 0 listens on a port a stranger holds";
+  EXPECT_NE(error.find("listening on " + job.nodes[0] + ":" + std::to_string(job.port)),
+            std::string::npos)
+      << error;
+
+  start(1);
+  for (size_t i = 1; i < job.nodes.size(); ++i) {
+    ASSERT_TRUE(nodes[i]) << errors[i];
+    EXPECT_EQ(nodes[i]->jw->walks(), i == 1) << "node " << i;
+    EXPECT_EQ(nodes[i]->counters[s_index_received].load(), i == 1 ? 0u : 1u) << "node " << i;
+    EXPECT_EQ(nodes[i]->counters[s_peers_failed].load(), 1u) << "node " << i << ": node 0 alone";
+    for (uint32_t f = 0; f < nodes[i]->map.map().size(); ++f)
+      EXPECT_NE(nodes[i]->jw->home(f), 0) << "file " << f << " homed on node 0";
+  }
+  if (GetParam() != Stranger::kAnotherJob) {
+    long patience_ms = long(JobWide::kIndexPatienceNs / 1'000'000);
+    EXPECT_GE(took_ms[1], patience_ms - 50) << "node 0 given up on before the patience";
+    one_cache(1, 2);
+  }
+}
+
+// A first node a second and a half late (its step started last) is waited
+// for: the other takes the index from it, and nobody is given up on.
+TEST_F(ElectionTest, AFirstNodeThatIsLateIsWaitedFor) {
+  job.nodes = kTwoNodes;
+  job.timeout_ms = 1000;
+  start(0, 1500);
+  ASSERT_TRUE(nodes[0] && nodes[1]) << errors[0] << errors[1];
+  EXPECT_TRUE(nodes[0]->jw->walks());
+  EXPECT_FALSE(nodes[1]->jw->walks());
+  EXPECT_EQ(nodes[1]->counters[s_index_received].load(), 1u);
+  for (int i : {0, 1}) EXPECT_EQ(nodes[i]->counters[s_peers_failed].load(), 0u) << "node " << i;
+  one_cache(0, 1);
+}
+
+// A node that received the index serves it as the walker does: node 2 gave
+// node 0 up (not up yet when node 2 asked), then node 0 came up and node 1
+// took the index from it; node 2 takes it from node 1. (Node 2 at 127.0.0.2
+// is only a caller here.)
+TEST_F(ElectionTest, ANodeThatReceivedTheIndexServesIt) {
+  job.nodes = {"127.0.0.1", other.address, "127.0.0.2"};
+  job.timeout_ms = 8000;  // the patience: room for nodes 0 and 1 to start
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  std::string error, why;
+  bool final = false;
+  std::unique_ptr<JobWide> third(JobWide::start({.nodes = job.nodes,
+                                                 .self = 2,
+                                                 .port_low = job.port,
+                                                 .port_high = job.port,
+                                                 .address = job.nodes[2],
+                                                 .key = "job-77-secret",
+                                                 .timeout_ms = job.timeout_ms},
+                                                counters, error));
+  ASSERT_TRUE(third) << error;
+  auto start = Clock::now();
+  while (counters[s_peers_failed].load() == 0 && ms_since(start) < 60000) {
+    ASSERT_FALSE(third->fetch_index(1, why, final)) << "an index from a node not up";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(counters[s_peers_failed].load(), 1u) << "node 0 never given up on: " << why;
+
+  nodes[0] = std::make_unique<Node>(root, dir / "tier0", 0, job);
+  nodes[1] = std::make_unique<Node>(root, dir / "tier1", 1, job);
+  EXPECT_EQ(nodes[1]->counters[s_index_received].load(), 1u);
+  EXPECT_EQ(nodes[1]->counters[s_peers_failed].load(), 0u);
+  std::optional<std::string> wire = third->fetch_index(kIndexWaitMs, why, final);
+  ASSERT_TRUE(wire) << why;
+  EXPECT_FALSE(third->walks());
+  EXPECT_EQ(counters[s_index_received].load(), 1u);
+  EXPECT_EQ(counters[s_peers_failed].load(), 1u) << "node 1 given up on too";
+  EXPECT_TRUE(*wire == index_wire(nodes[0]->map.map())) << "not the index node 0 walked";
+  third->stop();
+}
+
+INSTANTIATE_TEST_SUITE_P(Stranger, SquatTest,
+                         ::testing::Values(Stranger::kAnotherJob, Stranger::kSilent,
+                                           Stranger::kBound),
+                         [](const auto& info) { return to_string(info.param); });
 
 // The module the stager loads for a multi-node job (jobwide_load.h), itself:
 // its entry refuses another build's ABI with an error that says so, and
