@@ -607,7 +607,6 @@ struct Stager {
   int run() {
     sigset_t set = stager_signals();
     pthread_sigmask(SIG_BLOCK, &set, nullptr);  // threads inherit the mask
-    signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);  // a copy above the job's file size limit fails with EFBIG
     // Signals are taken by a thread of their own from the start: a job that
     // ends while its index is still being walked (a dataset of millions of
@@ -718,6 +717,10 @@ int main(int argc, char** argv) {
   // through it start processes the job's end would not see), nor read its
   // memory; /proc/PID files become root's.
   prctl(PR_SET_DUMPABLE, 0);
+  // A write to a connection a peer closed fails with EPIPE, never ends the
+  // stager: from here on, so that nothing started before run() (the job-wide
+  // cache's threads, UCX's) can write in a window where it still would.
+  signal(SIGPIPE, SIG_IGN);
   // Its stop signals wait until run() takes them (a launcher that did not
   // keep them blocked leaves a window only up to here).
   sigset_t stop_signals = stager_signals();
