@@ -51,63 +51,45 @@ uint64_t now_ns() {
 
 // The names' IPv4 addresses (numeric), looked up all at once and waited for
 // at most timeout_ms: a name service that hangs delays the start that long,
-// no more. A name not resolved by then is left out.
+// no more. A name not resolved by then is left out. Each lookup runs in a
+// thread of its own that owns its share of the results: one still running
+// after the deadline writes into memory that lives as long as it needs.
+// Not getaddrinfo_a: its helper thread may still touch a request after
+// gai_error reports it done (__gai_notify), so freeing the request races.
 std::map<std::string, std::string> resolve_nodes(const std::vector<std::string>& names,
                                                  unsigned timeout_ms) {
-  struct Lookup {
-    gaicb cb{};
-    addrinfo hints{};
-    std::string name;
+  struct Results {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::string> address;  // "" until resolved or failed
+    size_t done = 0;
   };
-  // Left allocated when a lookup cannot be cancelled: glibc's thread may
-  // still write into it.
-  auto* lookups = new Lookup[names.size()];
-  std::vector<gaicb*> list;
+  auto results = std::make_shared<Results>();
+  results->address.resize(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
-    lookups[i].hints.ai_family = AF_INET;
-    lookups[i].hints.ai_socktype = SOCK_STREAM;
-    lookups[i].name = names[i];
-    lookups[i].cb.ar_name = lookups[i].name.c_str();
-    lookups[i].cb.ar_request = &lookups[i].hints;
-    list.push_back(&lookups[i].cb);
+    std::thread([results, i, name = names[i]] {
+      addrinfo hints{}, *res = nullptr;
+      hints.ai_family = AF_INET;
+      hints.ai_socktype = SOCK_STREAM;
+      std::string text;
+      if (getaddrinfo(name.c_str(), nullptr, &hints, &res) == 0 && res) {
+        char buf[INET_ADDRSTRLEN];
+        auto* a = reinterpret_cast<sockaddr_in*>(res->ai_addr);
+        if (inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf)) text = buf;
+      }
+      if (res) freeaddrinfo(res);
+      std::lock_guard lock(results->mu);
+      results->address[i] = text;
+      results->done++;
+      results->cv.notify_all();
+    }).detach();
   }
   std::map<std::string, std::string> out;
-  if (list.empty() || getaddrinfo_a(GAI_NOWAIT, list.data(), int(list.size()), nullptr) != 0) {
-    delete[] lookups;
-    return out;
-  }
-  uint64_t deadline = now_ns() + uint64_t(timeout_ms) * 1'000'000;
-  for (;;) {
-    bool all = std::all_of(list.begin(), list.end(),
-                           [](gaicb* cb) { return gai_error(cb) != EAI_INPROGRESS; });
-    uint64_t now = now_ns();
-    if (all || now >= deadline) break;
-    timespec left{.tv_sec = time_t((deadline - now) / 1'000'000'000),
-                  .tv_nsec = long((deadline - now) % 1'000'000'000)};
-    gai_suspend(list.data(), int(list.size()), &left);
-  }
-  bool finished = true;
-  for (size_t i = 0; i < list.size(); ++i) {
-    gaicb* cb = list[i];
-    int rc = gai_error(cb);
-    if (rc == EAI_INPROGRESS) {
-      int cancel = gai_cancel(cb);
-      rc = cancel == EAI_CANCELED  ? EAI_CANCELED
-           : cancel == EAI_ALLDONE ? gai_error(cb)
-                                   : EAI_INPROGRESS;
-    }
-    if (rc == EAI_INPROGRESS) {
-      finished = false;
-      continue;
-    }
-    if (rc == 0 && cb->ar_result) {
-      char text[INET_ADDRSTRLEN];
-      auto* a = reinterpret_cast<sockaddr_in*>(cb->ar_result->ai_addr);
-      if (inet_ntop(AF_INET, &a->sin_addr, text, sizeof text)) out[names[i]] = text;
-    }
-    if (cb->ar_result) freeaddrinfo(cb->ar_result);
-  }
-  if (finished) delete[] lookups;
+  std::unique_lock lock(results->mu);
+  results->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                       [&] { return results->done == names.size(); });
+  for (size_t i = 0; i < names.size(); ++i)
+    if (!results->address[i].empty()) out[names[i]] = results->address[i];
   return out;
 }
 
