@@ -299,8 +299,8 @@ struct Session {
   Nonce nonce{};        // the server's, which every MAC of the session covers
   std::string address;  // the server's worker address
   // When the session was made or last brought an answer to one of its calls
-  // (Clock ticks): a call that times out with nothing heard since it began
-  // ends the session.
+  // (Clock ticks): a call that times out when that is Limits::silent_session_ms
+  // ago ends the session.
   std::shared_ptr<std::atomic<Clock::rep>> heard;
 };
 
@@ -1104,8 +1104,8 @@ void Engine::forget_session(const std::string& peer, uint64_t session) {
   if (it != sessions.end() && it->second.id == session) sessions.erase(it);
 }
 
-// A session that let a call time out with nothing heard since the call
-// began: the server may have forgotten it (it never says so: it ended the
+// A session that let a call time out with nothing heard on it for
+// Limits::silent_session_ms: the server may have forgotten it (it never says so: it ended the
 // session, or never had it), so the next call makes another. Its endpoint
 // goes, and the calls still waiting on it time out.
 void Engine::end_silent(const std::string& peer, uint64_t session) {
@@ -1544,7 +1544,6 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
   call->reply.clear();
   call->request.assign(request);
 
-  auto began = Clock::now().time_since_epoch().count();
   if (!engine->post([engine, call] { engine->start_call(call); }))
     return {Code::error, "peer transport stopped"};
   {
@@ -1555,7 +1554,9 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
                       "no answer from " + call->peer + " in " + std::to_string(timeout_ms) + " ms"};
     }
     if (!call->received) {
-      if (call->status.code == Code::timeout && call->session.heard->load() < began)
+      auto heard = Clock::time_point(Clock::duration(call->session.heard->load()));
+      if (call->status.code == Code::timeout &&
+          Clock::now() - heard >= std::chrono::milliseconds(engine->limits.silent_session_ms))
         engine->end_silent(call->peer, call->session.id);
       return call->status;
     }

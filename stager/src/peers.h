@@ -57,8 +57,8 @@
 // that does not verify proved nothing; no verdict about it is signed, and it
 // cannot end the session of the caller that holds the key. Only a request
 // that verifies reaches the handler.
-// A caller whose call times out with nothing heard on its session since the
-// call began (no answer to any call of it) forgets the session and its
+// A caller whose call times out with nothing heard on its session for
+// Limits::silent_session_ms or longer (no answer to any call of it) forgets the session and its
 // endpoint: the server may have ended it (a restarted caller's newer sessions
 // replace its oldest) and never says so; the next call handshakes again.
 // Answers: HMAC-SHA256(key, "monarch-answer" nonce seq call answer32 length64
@@ -180,6 +180,10 @@ struct Limits {
   unsigned authenticated_per_source = 8;    // sessions; a restarted stager's replaces the oldest
   unsigned in_flight = 64;                  // requests of one session being served
   unsigned auth_ms = 3000;                  // a handshake not done this long is dropped
+  // A caller forgets a session whose call timed out when nothing was heard
+  // on it (no answer to any of its calls) for this long: the server may have
+  // ended it without a word. Shorter silences (a busy peer) keep it.
+  unsigned silent_session_ms = 1000;
 };
 
 struct Options {

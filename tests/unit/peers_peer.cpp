@@ -19,6 +19,10 @@
 //   tamper KEY        a front door with the key (prints "port N"), answers
 //                     each request with an answer signed for "good" that
 //                     carries "evil"
+//   amnesiac KEY      a front door with the key (prints "port N") that
+//                     forgets its first session without a word: its requests
+//                     are never answered; those of a later session are,
+//                     signed, with "again"
 //   forge ADDRESS COUNT
 //                     connects to the worker ADDRESS (hex) and sends it, over
 //                     and over, answers "forged" for call ids 1..COUNT and
@@ -56,6 +60,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -341,6 +346,20 @@ struct Raw {
                  });
   }
 
+  int amnesiac(const std::string& key) {
+    if (!init()) return 1;
+    ucp_ep_h first = nullptr;
+    return serve(key, nullptr, [&](ucp_ep_h ep, const wire::RequestHeader& h, const Nonce& nonce) {
+      if (!first) first = ep;
+      if (ep == first) return;
+      static const char again[] = "again";
+      static wire::AnswerHeader a;  // UCX reads it until the send completes
+      a = {wire::kMagic, wire::kAnswerOk, h.session, h.call, {}};
+      wire::answer_mac(key, nonce, h.seq, h.call, wire::kAnswerOk, again, a.mac);
+      send(ep, wire::kAnswerAm, &a, sizeof a, again, 5);
+    });
+  }
+
   int forge_all(const std::string& target, uint64_t count) {
     ucp_ep_h ep = connect_to(target);
     if (!ep) return 1;
@@ -407,21 +426,26 @@ struct Raw {
     std::string theirs;
     if (!init() || !handshake(port, key, session, nonce, theirs)) return 1;
     ucp_ep_h caller = connect_to(theirs);
+    if (!caller) return 1;
+    // UCX reads a send's header and payload until it completes: they live
+    // as long as the function.
+    std::list<std::pair<wire::RequestHeader, std::string>> sent;
+    auto request = [&](Raw& from, ucp_ep_h ep, uint64_t seq, const std::string& text,
+                       bool signed_) {
+      auto& [h, payload] = sent.emplace_back(
+          wire::RequestHeader{wire::kMagic, 0, session, 100 + seq, seq, {}}, text);
+      if (signed_) wire::request_mac(key, nonce, seq, h.call, "127.0.0.1", payload, h.mac);
+      from.send(ep, wire::kRequestAm, &h, sizeof h, payload.data(), payload.size());
+    };
+    request(*this, caller, 1, "eping", true);
+    std::string first = answer();
     Raw stranger;
     ucp_ep_h intruder = stranger.init() ? stranger.connect_to(theirs) : nullptr;
-    if (!caller || !intruder) return 1;
-    auto request = [&](ucp_ep_h ep, uint64_t seq, const std::string& text, bool signed_) {
-      wire::RequestHeader h{wire::kMagic, 0, session, 100 + seq, seq, {}};
-      if (signed_) wire::request_mac(key, nonce, seq, h.call, "127.0.0.1", text, h.mac);
-      Raw& from = ep == caller ? *this : stranger;
-      from.send(ep, wire::kRequestAm, &h, sizeof h, text.data(), text.size());
-    };
-    request(caller, 1, "eping", true);
-    std::string first = answer();
-    request(intruder, 2, "eevil", false);
+    if (!intruder) return 1;
+    request(stranger, intruder, 2, "eevil", false);
     stranger.progress_for(200);
     std::string forged = answer(1000);
-    request(caller, 2, "epong", true);
+    request(*this, caller, 2, "epong", true);
     std::string next = answer();
     printf("%s | %s | %s\n", first.c_str(), forged.c_str(), next.c_str());
     fflush(stdout);
@@ -550,6 +574,7 @@ int main(int argc, char** argv) {
   if (argc == 3 && mode == "relay") return relay(uint16_t(std::stoi(argv[2])));
   if (argc == 4 && mode == "spoil") return Raw().spoil(std::stoi(argv[2]), argv[3]);
   if (argc == 3 && mode == "squat") return Raw().squat(argv[2]);
+  if (argc == 3 && mode == "amnesiac") return Raw().amnesiac(argv[2]);
   if (argc == 3 && mode == "tamper") return Raw().tamper(argv[2]);
   if (argc == 4 && mode == "replay") return Raw().replay(std::stoi(argv[2]), argv[3]);
   if (argc == 4 && mode == "forge") {

@@ -332,11 +332,29 @@ TEST_F(PeersTest, AHandshakeRelayedFromAnotherPortFails) {
   EXPECT_EQ(std::string(reply.begin(), reply.end()), "direct");
 }
 
-// The server ends a session without a word (a caller's address holds at
-// most authenticated_per_source sessions: newer ones replace the oldest).
-// The caller's call on it times out with nothing heard; the caller forgets
-// it, and its next call handshakes again and is served.
+// A server that forgets a session without a word (a stager's sessions per
+// address are bounded; the oldest goes) and whose endpoint stays up: the
+// caller's call on it times out with nothing heard, the caller forgets the
+// session, and its next call handshakes again and is served. (Keeping the
+// session, every later call would time out too.)
 TEST_F(PeersTest, ACallAfterASilentTimeoutHandshakesAgain) {
+  Peer amnesiac = Peer::run({"amnesiac", kKey});
+  ASSERT_NE(amnesiac.port, 0) << "the server did not start";
+  std::vector<char> reply;
+  // Longer than Limits::silent_session_ms: the session was silent that long.
+  Status status = call(amnesiac.port, "eforgotten", reply, 1500);
+  EXPECT_EQ(status.code, Code::timeout) << status.text;
+  status = call(amnesiac.port, "eagain", reply, 5000);
+  amnesiac.stop();
+  ASSERT_TRUE(status.ok()) << status.text;
+  EXPECT_EQ(std::string(reply.begin(), reply.end()), "again");
+}
+
+// Newer sessions from the caller's address replace its oldest at the
+// server (authenticated_per_source): the caller's next calls are served by
+// a new session (UCX may report the server's endpoint closed, or the call
+// times out with nothing heard).
+TEST_F(PeersTest, ASessionReplacedByNewerOnesIsMadeAgain) {
   Peer server = Peer::start(0);
   ASSERT_NE(server.port, 0);
   std::vector<char> reply;
