@@ -11,6 +11,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -1447,6 +1448,23 @@ void Reply::answer(uint32_t code, std::vector<char> bytes, std::shared_ptr<void>
 
 Peers::Peers(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
 
+namespace {
+
+// UCX keeps each connection to its transport listener open a while, a
+// stranger's garbage included; when its accept() fails at the descriptor
+// limit, UCX 1.13 drops the listener for good (or crashes) and no new caller
+// is served. A job's soft limit is often 1024 (Slurm passes the submitting
+// shell's on): the process takes what its hard limit allows.
+void raise_descriptor_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Peers> Peers::start(Options options, Handler handler, std::string& error) {
   if (options.identity.empty() || options.identity.size() > kMaxIdentity ||
       options.identity.find('\0') != std::string::npos) {
@@ -1460,6 +1478,7 @@ std::unique_ptr<Peers> Peers::start(Options options, Handler handler, std::strin
             std::to_string(options.port_high);
     return nullptr;
   }
+  raise_descriptor_limit();
   auto engine = std::make_shared<Engine>();
   engine->key = std::move(options.key);
   engine->identity = std::move(options.identity);

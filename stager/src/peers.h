@@ -86,7 +86,10 @@
 // caller's threads. Known limit: UCX's own transport listener (TCP: a random port of the worker)
 // takes connections from anyone, and UCX assembles an eager message whole before the handler sees
 // and drops it; whoever learns the worker address can make this process hold what UCX holds for
-// such messages (tests/unit/peers_test.cpp measures it).
+// such messages (tests/unit/peers_test.cpp measures it). UCX keeps such
+// connections open a while and drops its listener for good when accept()
+// fails at the descriptor limit: Peers::start raises the process's soft
+// limit to the hard one, which bounds what such a flood must hold.
 //
 // Ports. A job's stagers listen on the first free port among
 // port_candidates(key, low, high): four ports of the configured range drawn

@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -628,6 +629,48 @@ TEST_F(PeersTest, GarbageOnUcxsOwnListenerLeavesTheStagerServing) {
       ASSERT_TRUE(call(server.port, "eafter", reply, 1000).ok()) << "not serving after " << what;
     }
   ASSERT_TRUE(call(server.port, "eafter", reply).ok());
+  server.stop();
+}
+
+// The soft limit of open files of a job's processes is often 1024 (Slurm
+// passes the submitting shell's on), and UCX keeps each connection to its
+// listener open a while: garbage there made UCX's accept() fail at the limit
+// and drop its listener for good, and every later session failed. A stager
+// started under a soft limit of 1024 raises it to its hard limit, and takes
+// new callers after the same garbage.
+TEST_F(PeersTest, UnderASoftLimitOf1024GarbageOnUcxsListenerLeavesNewCallersServed) {
+  rlimit was{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &was), 0);
+  if (was.rlim_max != RLIM_INFINITY && was.rlim_max < 16384)
+    GTEST_SKIP() << "the hard limit of open files here is " << was.rlim_max
+                 << ": too low to show the soft one raised (16384 at least)";
+  rlimit low = {1024, was.rlim_max};
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  Peer server = Peer::start(0);  // inherits the soft limit of 1024
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &was), 0);
+  ASSERT_NE(server.port, 0);
+  std::ifstream limits("/proc/" + std::to_string(server.pid) + "/limits");
+  std::string line, soft;
+  while (std::getline(limits, line))
+    if (line.rfind("Max open files", 0) == 0) std::istringstream(line.substr(14)) >> soft;
+  EXPECT_EQ(soft, was.rlim_max == RLIM_INFINITY ? "unlimited" : std::to_string(was.rlim_max));
+  std::vector<char> reply;
+  ASSERT_TRUE(call(server.port, "ewarm", reply, 1000).ok());
+  std::vector<uint16_t> ports = listening_ports(server.pid);
+  ports.erase(std::remove(ports.begin(), ports.end(), server.port), ports.end());
+  ASSERT_FALSE(ports.empty()) << "no listener of UCX's found";
+  size_t rss0 = rss_of(server.pid);
+  for (uint16_t port : ports) {
+    std::string what = "churn on UCX's listener " + std::to_string(port) + ", soft limit 1024";
+    flood(*this, server, rss0, {"garbage", std::to_string(port), "4", "churn"}, what.c_str());
+  }
+  ASSERT_EQ(waitpid(server.pid, nullptr, WNOHANG), 0) << "the stager died";
+  // New callers: each needs UCX's listener to take its endpoint.
+  for (int i = 0; i < 3; ++i) {
+    auto fresh = start_client(kKey);
+    Status status = fresh->call("127.0.0.1", server.port, "enew", reply, 5000);
+    ASSERT_TRUE(status.ok()) << "caller " << i << " after the garbage: " << status.text;
+  }
   server.stop();
 }
 
