@@ -202,7 +202,7 @@ bool decode_answer(const void* header, size_t header_length, AnswerHeader& out) 
   out = {};
   if (header_length != sizeof out) return false;
   std::memcpy(&out, header, sizeof out);
-  return out.magic == kMagic && out.answer <= kAnswerRefused;
+  return out.magic == kMagic && out.answer <= kAnswerError;
 }
 
 bool Window::fresh(uint64_t seq) const {
@@ -1360,12 +1360,6 @@ ucs_status_t Engine::on_answer(void* arg, const void* header, size_t header_leng
   self->calls.erase(it);
   conn->second.calls.erase(h.call);
   call->session.heard->store(Clock::now().time_since_epoch().count());
-  // Refused: the server ended the session; the next call makes another.
-  if (h.answer == kAnswerRefused)
-    self->later.push_back([self, id = call->conn, peer = call->peer] {
-      self->fail_conn(id, "refused by " + peer, Code::refused);
-    });
-
   if (length > call->max_reply) {
     call->finish(Code::error, call->peer + ": answer of " + std::to_string(length) +
                                   " bytes, more than the " + std::to_string(call->max_reply) +
@@ -1591,7 +1585,7 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
     return {};
   }
   std::string text(call->reply.begin(), call->reply.end());
-  return {call->answer == kAnswerRefused ? Code::refused : Code::error, call->peer + ": " + text};
+  return {Code::error, call->peer + ": " + text};
 }
 
 }  // namespace monarch::peers

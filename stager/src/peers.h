@@ -234,7 +234,7 @@ class Peers {
   // empty. An answer longer than max_reply bytes is `error`, and never
   // allocated. One whose MAC does not verify ends the call `refused`. Safe
   // from any number of threads; one session per peer is shared by all calls,
-  // made on first use and made again after it broke, was refused, or let a call time out
+  // made on first use and made again after it broke or let a call time out
   // with nothing heard. `host` is looked up in
   // Options::hosts, else resolved once per Peers and cached.
   Status call(const std::string& host, uint16_t port, std::string_view request,
@@ -258,7 +258,7 @@ constexpr size_t kMaxRequest = 256;      // a request's payload, at most
 constexpr size_t kMaxIdentity = 64;      // a stager's name (a node name), at most
 constexpr size_t kMaxAddress = 4096;     // a UCX worker address, at most
 constexpr unsigned kPortCandidates = 4;
-enum : uint32_t { kAnswerOk = 0, kAnswerError = 1, kAnswerRefused = 2 };
+enum : uint32_t { kAnswerOk = 0, kAnswerError = 1 };
 
 // Front door, server to caller at accept.
 struct Hello {

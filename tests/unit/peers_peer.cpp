@@ -377,15 +377,13 @@ struct Raw {
     }
   }
 
-  // What the answer was: "ok PAYLOAD", "refused TEXT", "error TEXT" or "none".
+  // What the answer was: "ok PAYLOAD", "error TEXT" or "none".
   std::string answer(int ms = 3000) {
     Message m;
     if (!wait_for(wire::kAnswerAm, m, ms)) return "none";
     wire::AnswerHeader a;
     if (!wire::decode_answer(m.header.data(), m.header.size(), a)) return "garbage";
-    const char* code = a.answer == wire::kAnswerOk        ? "ok"
-                       : a.answer == wire::kAnswerRefused ? "refused"
-                                                          : "error";
+    const char* code = a.answer == wire::kAnswerOk ? "ok" : "error";
     return std::string(code) + " " + m.payload;
   }
 
