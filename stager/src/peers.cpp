@@ -11,11 +11,13 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -105,22 +107,23 @@ bool answer_mac(std::string_view key, const Nonce& nonce, uint64_t seq, uint64_t
 }
 
 bool proof_mac(std::string_view key, const Nonce& server, const Nonce& caller,
-               std::string_view destination, std::string_view identity, std::string_view address,
-               Mac& out) {
-  return hmac(key,
-              {"monarch-door-caller", view(server), view(caller), Le<4>(destination.size()),
-               destination, Le<4>(identity.size()), identity, Le<4>(address.size()), address},
-              out);
+               std::string_view destination, uint16_t port, std::string_view identity,
+               std::string_view address, Mac& out) {
+  return hmac(
+      key,
+      {"monarch-door-caller", view(server), view(caller), Le<4>(destination.size()), destination,
+       Le<2>(port), Le<4>(identity.size()), identity, Le<4>(address.size()), address},
+      out);
 }
 
 bool welcome_mac(std::string_view key, const Nonce& server, const Nonce& caller,
-                 std::string_view destination, std::string_view identity, uint64_t session,
-                 std::string_view address, Mac& out) {
-  return hmac(
-      key,
-      {"monarch-door-server", view(server), view(caller), Le<4>(destination.size()), destination,
-       Le<4>(identity.size()), identity, Le<8>(session), Le<4>(address.size()), address},
-      out);
+                 std::string_view destination, uint16_t port, std::string_view identity,
+                 uint64_t session, std::string_view address, Mac& out) {
+  return hmac(key,
+              {"monarch-door-server", view(server), view(caller), Le<4>(destination.size()),
+               destination, Le<2>(port), Le<4>(identity.size()), identity, Le<8>(session),
+               Le<4>(address.size()), address},
+              out);
 }
 
 std::vector<uint16_t> port_candidates(std::string_view key, uint16_t low, uint16_t high) {
@@ -199,7 +202,7 @@ bool decode_answer(const void* header, size_t header_length, AnswerHeader& out) 
   out = {};
   if (header_length != sizeof out) return false;
   std::memcpy(&out, header, sizeof out);
-  return out.magic == kMagic && out.answer <= kAnswerRefused;
+  return out.magic == kMagic && out.answer <= kAnswerError;
 }
 
 bool Window::fresh(uint64_t seq) const {
@@ -296,6 +299,10 @@ struct Session {
   uint64_t id = 0;
   Nonce nonce{};        // the server's, which every MAC of the session covers
   std::string address;  // the server's worker address
+  // When the session was made or last brought an answer to one of its calls
+  // (Clock ticks): a call that times out when that is Limits::silent_session_ms
+  // ago ends the session.
+  std::shared_ptr<std::atomic<Clock::rep>> heard;
 };
 
 // One call, shared by the calling thread (which waits on it until the
@@ -345,7 +352,6 @@ struct Call {
 struct Conn {
   ucp_ep_h ep = nullptr;
   bool server = false;  // the session is one our front door gave
-  bool refused = false;
   std::string peer;
   uint64_t session = 0;
   Nonce nonce{};  // the session's
@@ -358,6 +364,7 @@ struct Conn {
   Clock::time_point opened;
   Window window;
   unsigned in_flight = 0;
+  uint64_t dropped = 0;  // requests naming it that did not verify: dropped unread
 };
 
 // A front door connection in its handshake: the Hello sent, the Proof
@@ -390,7 +397,8 @@ struct Engine : std::enable_shared_from_this<Engine> {
   std::string worker_address;
   int listen_fd = -1;
   uint16_t port = 0;
-  std::vector<uint16_t> candidates;  // port_candidates(), for calls to port 0
+  uint32_t source_ipv4 = INADDR_ANY;  // what we listen on, network order: our calls' source
+  std::vector<uint16_t> candidates;   // port_candidates(), for calls to port 0
   int epoll_fd = -1;
   int wake_fd = -1;
   std::thread thread;
@@ -455,6 +463,7 @@ struct Engine : std::enable_shared_from_this<Engine> {
   Status session_for(const std::string& host, uint16_t port, Clock::time_point deadline,
                      Session& out);
   void forget_session(const std::string& peer, uint64_t session);
+  void end_silent(const std::string& peer, uint64_t session);
 
   ucp_ep_h connect(const std::string& address, ucs_status_t& status);
   void start_call(const std::shared_ptr<Call>& call);
@@ -463,7 +472,6 @@ struct Engine : std::enable_shared_from_this<Engine> {
                    std::shared_ptr<void> hold);
   void sign_and_send(uint64_t session, uint64_t call, uint64_t seq, uint32_t answer,
                      std::string text);
-  void refuse(uint64_t conn, uint64_t call, uint64_t seq, std::string why);
   void drop(uint64_t conn, bool force = true);
   void fail_conn(uint64_t id, const std::string& why, Code code = Code::unreachable);
   void close_ep(ucp_ep_h ep, bool force);
@@ -701,6 +709,7 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
   if (!numeric(bind_address, want_port, where) &&
       !resolve(bind_address, want_port, true, where, error))
     return false;
+  source_ipv4 = reinterpret_cast<sockaddr_in*>(&where.addr)->sin_addr.s_addr;
   if (want_port != 0 || candidates.empty()) return listen_on(where, error);
   // The job's ports: the first free one. One taken (another job's, a
   // squatter's) costs nothing: callers try them in the same order.
@@ -792,9 +801,12 @@ void Engine::run() {
 }
 
 // At most kAcceptsPerTurn a turn, so that UCX and the calls keep their share
-// of the thread whatever arrives. Only the job's addresses are kept; a new
-// connection takes the place of the oldest one in its handshake, from its
-// address, then from any, when those are at their bound.
+// of the thread whatever arrives. Only the job's addresses are kept. A new
+// connection takes the place of the oldest one in its handshake from its
+// address when that address is at its bound; when all are at theirs, of the
+// oldest one of the address holding the most (the new one counted), so that
+// a flood from a few addresses evicts its own handshakes, never a lone
+// caller's: when every address holds one, the new connection is closed.
 void Engine::accept_doors() {
   for (int i = 0; i < kAcceptsPerTurn; ++i) {
     sockaddr_in from{};
@@ -807,22 +819,31 @@ void Engine::accept_doors() {
       close(fd);
       continue;
     }
-    auto oldest = [&](bool same_source, unsigned& count) {
-      uint64_t id = 0;
-      Clock::time_point when = Clock::time_point::max();
-      count = 0;
+    // Per address: how many handshakes, and its oldest.
+    auto tally = [&] {
+      std::unordered_map<uint32_t, std::pair<unsigned, uint64_t>> held;
       for (auto& [other, door] : doors) {
-        if (same_source && door.source != source) continue;
-        ++count;
-        if (door.opened < when) when = door.opened, id = other;
+        auto& [count, old] = held[door.source];
+        if (!count++ || door.opened < doors[old].opened) old = other;
       }
-      return id;
+      return held;
     };
-    unsigned count;
-    uint64_t old = oldest(true, count);
-    if (count >= limits.unauthenticated_per_source && old) close_door(old);
-    old = oldest(false, count);
-    if (count >= limits.unauthenticated && old) close_door(old);
+    auto held = tally();
+    if (held[source].first >= limits.unauthenticated_per_source) {
+      close_door(held[source].second);
+      held = tally();
+    }
+    if (doors.size() >= limits.unauthenticated) {
+      uint32_t most = source;
+      unsigned count = held[source].first + 1;
+      for (auto& [from, h] : held)
+        if (h.first > count) most = from, count = h.first;
+      if (count <= 1) {
+        close(fd);  // every address holds one: none is evicted for this one
+        continue;
+      }
+      close_door(held[most].second);  // `source` counted the new one: it holds one at least
+    }
 
     Door door;
     door.fd = fd;
@@ -887,9 +908,18 @@ void Engine::welcome(Door& door) {
     return;
   std::string_view address(door.in.data() + sizeof proof, proof.address_length);
   Mac expected;
-  if (!proof_mac(key, door.nonce, proof.nonce, identity, caller, address, expected) ||
+  if (!proof_mac(key, door.nonce, proof.nonce, identity, port, caller, address, expected) ||
       !same_mac(expected, proof.mac))
     return;
+  // With the job's nodes known, a caller is the node it says it is: its
+  // connection comes from that node's address.
+  if (!hosts.empty()) {
+    auto it = hosts.find(std::string(caller));
+    Address claimed;
+    if (it == hosts.end() || !numeric(it->second, 0, claimed) ||
+        reinterpret_cast<sockaddr_in*>(&claimed.addr)->sin_addr.s_addr != door.source)
+      return;
+  }
   uint64_t session = random64();
   while (by_session.count(session)) session = random64();
   ucs_status_t status;
@@ -909,7 +939,8 @@ void Engine::welcome(Door& door) {
 
   Welcome w{kMagic, uint32_t(worker_address.size()), session, {}};
   std::string out;
-  if (welcome_mac(key, door.nonce, proof.nonce, identity, caller, session, worker_address, w.mac)) {
+  if (welcome_mac(key, door.nonce, proof.nonce, identity, port, caller, session, worker_address,
+                  w.mac)) {
     out.assign(reinterpret_cast<const char*>(&w), sizeof w);
     out += worker_address;
   }
@@ -944,11 +975,26 @@ ucp_ep_h Engine::connect(const std::string& address, ucs_status_t& status) {
   return status == UCS_OK ? ep : nullptr;
 }
 
-// The caller's side of the front door, on the calling thread.
+// The caller's side of the front door, on the calling thread. From the
+// address this stager listens on, when it is one: the server checks that a
+// caller's connection comes from the caller's node's address (Options::hosts).
+// A connection that ends before the Welcome is `unreachable`: the server
+// closes it for a Proof it does not take, but also when a flood evicts it,
+// and the caller cannot tell which; only a Hello or a Welcome that is not
+// Monarch's or not signed with the key is `refused`.
 Status Engine::handshake(const Address& address, const std::string& host, const std::string& peer,
                          Clock::time_point deadline, Session& out) {
   Fd s{socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)};
   if (s.fd < 0) return {Code::error, std::string("socket: ") + strerror(errno)};
+  if (source_ipv4 != INADDR_ANY) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = source_ipv4;
+    if (bind(s.fd, reinterpret_cast<const sockaddr*>(&from), sizeof from) != 0)
+      return {Code::unreachable,
+              "calling " + peer + " from " + text_of(source_ipv4) + ": " + strerror(errno)};
+  }
+  uint16_t dialed = ntohs(reinterpret_cast<const sockaddr_in*>(&address.addr)->sin_port);
   if (::connect(s.fd, reinterpret_cast<const sockaddr*>(&address.addr), address.len) != 0) {
     int err = errno;
     if (err == EINPROGRESS && wait_fd(s.fd, POLLOUT, deadline) > 0) {
@@ -963,8 +1009,10 @@ Status Engine::handshake(const Address& address, const std::string& host, const 
   }
   auto io_failed = [&](int rc, const char* what) -> Status {
     if (rc == 0)
-      return {Code::refused, peer + " rejected the connection " + what +
-                                 " (not a stager of this job, or not from one of its nodes)"};
+      return {Code::unreachable,
+              peer + " closed the connection " + what +
+                  " (not a stager of this job, not the one asked for, this node not one of the "
+                  "job's, or its front door overloaded)"};
     if (errno == ETIMEDOUT) return {Code::timeout, "no answer from " + peer + " in time"};
     return {Code::unreachable, "the connection to " + peer + " broke: " + strerror(errno)};
   };
@@ -978,31 +1026,29 @@ Status Engine::handshake(const Address& address, const std::string& host, const 
   Proof proof{kMagic, uint32_t(worker_address.size()), {}, {}, {}};
   if (!random_nonce(proof.nonce)) return {Code::error, "no random bytes"};
   std::memcpy(proof.identity, this->identity.data(), this->identity.size());
-  if (!proof_mac(key, hello.nonce, proof.nonce, host, this->identity, worker_address, proof.mac))
+  if (!proof_mac(key, hello.nonce, proof.nonce, host, dialed, this->identity, worker_address,
+                 proof.mac))
     return {Code::error, "HMAC-SHA256 (OpenSSL) failed"};
   std::string message(reinterpret_cast<const char*>(&proof), sizeof proof);
   message += worker_address;
   rc = write_all(s.fd, message.data(), message.size(), deadline);
-  if (rc <= 0) return io_failed(rc, "");
+  if (rc <= 0) return io_failed(rc, "before its welcome");
 
   Welcome w;
   rc = read_exact(s.fd, buffer, sizeof w, deadline);
-  if (rc == 0)
-    return {Code::refused, peer +
-                               " did not take this job's key (not a stager of this job, or "
-                               "not the one asked for)"};
-  if (rc < 0) return io_failed(rc, "");
+  if (rc <= 0) return io_failed(rc, "before its welcome");
   if (!decode_welcome_head(buffer, sizeof w, w))
     return {Code::refused, peer + ": not a Monarch stager's welcome"};
   rc = read_exact(s.fd, buffer + sizeof w, w.address_length, deadline);
-  if (rc <= 0) return io_failed(rc, "");
+  if (rc <= 0) return io_failed(rc, "in its welcome");
   std::string_view theirs(buffer + sizeof w, w.address_length);
   Mac expected;
-  if (!welcome_mac(key, hello.nonce, proof.nonce, host, this->identity, w.session, theirs,
+  if (!welcome_mac(key, hello.nonce, proof.nonce, host, dialed, this->identity, w.session, theirs,
                    expected) ||
       !same_mac(expected, w.mac))
     return {Code::refused, peer + ": welcome not signed with this job's key"};
-  out = {w.session, hello.nonce, std::string(theirs)};
+  out = {w.session, hello.nonce, std::string(theirs),
+         std::make_shared<std::atomic<Clock::rep>>(Clock::now().time_since_epoch().count())};
   return {};
 }
 
@@ -1057,6 +1103,19 @@ void Engine::forget_session(const std::string& peer, uint64_t session) {
   std::lock_guard guard(sessions_mutex);
   auto it = sessions.find(peer);
   if (it != sessions.end() && it->second.id == session) sessions.erase(it);
+}
+
+// A session that let a call time out with nothing heard on it for
+// Limits::silent_session_ms: the server may have forgotten it (it never says so: it ended the
+// session, or never had it), so the next call makes another. Its endpoint
+// goes, and the calls still waiting on it time out.
+void Engine::end_silent(const std::string& peer, uint64_t session) {
+  forget_session(peer, session);
+  post([this, peer, session] {
+    auto it = called.find(peer);
+    if (it != called.end() && conns[it->second].session == session)
+      fail_conn(it->second, "no answer from " + peer + " in time", Code::timeout);
+  });
 }
 
 // After run() returned: every call fails, every connection closes (forced:
@@ -1248,27 +1307,13 @@ void Engine::sign_and_send(uint64_t session, uint64_t call_id, uint64_t seq, uin
   send_answer(session, header, {text.begin(), text.end()}, {});
 }
 
-// Told why, then the session ends: the caller learns it was refused rather
-// than that the connection broke. Nothing it sends later is read.
-void Engine::refuse(uint64_t conn_id, uint64_t call_id, uint64_t seq, std::string why) {
-  auto it = conns.find(conn_id);
-  if (it == conns.end() || it->second.refused) return;
-  it->second.refused = true;
-  uint64_t session = it->second.session;
-  by_session.erase(session);  // no request of it is looked at again
-  later.push_back([this, conn_id, session, call_id, seq, why = std::move(why)] {
-    auto it = conns.find(conn_id);
-    if (it == conns.end()) return;
-    by_session[session] = conn_id;  // for sign_and_send only
-    sign_and_send(session, call_id, seq, kAnswerRefused, why);
-    drop(conn_id, false);  // flushes the answer first
-  });
-}
-
 // A request is served only if it decodes, names a live session, is fresh in
 // it, and its MAC verifies for this stager's key, identity and the session's
-// nonce. Nothing of a request by rendezvous is received; the endpoint it came
-// on is not looked at.
+// nonce. Any other is dropped unread and unanswered, and the session stays:
+// whoever sent it proved nothing (a session id travels in clear), so no
+// verdict about it is signed and it cannot end the session of the caller
+// that holds the key. Nothing of a request by rendezvous is received; the
+// endpoint it came on is not looked at.
 ucs_status_t Engine::on_request(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Engine*>(arg);
@@ -1278,23 +1323,13 @@ ucs_status_t Engine::on_request(void* arg, const void* header, size_t header_len
                                 param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV, h, why);
   auto by = self->by_session.find(h.session);
   if (h.session == 0 || by == self->by_session.end()) return UCS_OK;  // nobody to answer
-  uint64_t conn_id = by->second;
-  Conn& conn = self->conns[conn_id];
-  if (!decoded) {
-    self->refuse(conn_id, h.call, h.seq, "refused: " + why);
-    return UCS_OK;
-  }
-  if (!conn.window.fresh(h.seq)) {
-    self->refuse(conn_id, h.call, h.seq,
-                 "refused: request " + std::to_string(h.seq) + " of this session already seen");
-    return UCS_OK;
-  }
+  Conn& conn = self->conns[by->second];
   std::string_view request(static_cast<const char*>(data), length);
   Mac expected;
-  if (!request_mac(self->key, conn.nonce, h.seq, h.call, self->identity, request, expected) ||
+  if (!decoded || !conn.window.fresh(h.seq) ||
+      !request_mac(self->key, conn.nonce, h.seq, h.call, self->identity, request, expected) ||
       !same_mac(expected, h.mac)) {
-    self->refuse(conn_id, h.call, h.seq,
-                 "refused: not signed with this job's key for '" + self->identity + "'");
+    ++conn.dropped;
     return UCS_OK;
   }
   conn.window.take(h.seq);
@@ -1324,12 +1359,7 @@ ucs_status_t Engine::on_answer(void* arg, const void* header, size_t header_leng
   std::shared_ptr<Call> call = it->second;
   self->calls.erase(it);
   conn->second.calls.erase(h.call);
-  // Refused: the server ended the session; the next call makes another.
-  if (h.answer == kAnswerRefused)
-    self->later.push_back([self, id = call->conn, peer = call->peer] {
-      self->fail_conn(id, "refused by " + peer, Code::refused);
-    });
-
+  call->session.heard->store(Clock::now().time_since_epoch().count());
   if (length > call->max_reply) {
     call->finish(Code::error, call->peer + ": answer of " + std::to_string(length) +
                                   " bytes, more than the " + std::to_string(call->max_reply) +
@@ -1412,6 +1442,23 @@ void Reply::answer(uint32_t code, std::vector<char> bytes, std::shared_ptr<void>
 
 Peers::Peers(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
 
+namespace {
+
+// UCX keeps each connection to its transport listener open a while, a
+// stranger's garbage included; when its accept() fails at the descriptor
+// limit, UCX 1.13 drops the listener for good (or crashes) and no new caller
+// is served. A job's soft limit is often 1024 (Slurm passes the submitting
+// shell's on): the process takes what its hard limit allows.
+void raise_descriptor_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Peers> Peers::start(Options options, Handler handler, std::string& error) {
   if (options.identity.empty() || options.identity.size() > kMaxIdentity ||
       options.identity.find('\0') != std::string::npos) {
@@ -1425,6 +1472,7 @@ std::unique_ptr<Peers> Peers::start(Options options, Handler handler, std::strin
             std::to_string(options.port_high);
     return nullptr;
   }
+  raise_descriptor_limit();
   auto engine = std::make_shared<Engine>();
   engine->key = std::move(options.key);
   engine->identity = std::move(options.identity);
@@ -1518,7 +1566,13 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
       call->status = {Code::timeout,
                       "no answer from " + call->peer + " in " + std::to_string(timeout_ms) + " ms"};
     }
-    if (!call->received) return call->status;
+    if (!call->received) {
+      auto heard = Clock::time_point(Clock::duration(call->session.heard->load()));
+      if (call->status.code == Code::timeout &&
+          Clock::now() - heard >= std::chrono::milliseconds(engine->limits.silent_session_ms))
+        engine->end_silent(call->peer, call->session.id);
+      return call->status;
+    }
   }
   // Received: verified here, on the caller's thread, before a byte is taken.
   Mac expected;
@@ -1531,7 +1585,7 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
     return {};
   }
   std::string text(call->reply.begin(), call->reply.end());
-  return {call->answer == kAnswerRefused ? Code::refused : Code::error, call->peer + ": " + text};
+  return {Code::error, call->peer + ": " + text};
 }
 
 }  // namespace monarch::peers

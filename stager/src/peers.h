@@ -19,15 +19,23 @@
 //    when given: others are closed unread), sends a fresh random 128-bit
 //    nonce.
 // 2. The caller proves the job's key: HMAC-SHA256(key, "monarch-door-caller"
-//    server-nonce caller-nonce len32(destination) destination len32(caller)
-//    caller len32(address) address), where destination is the name it calls
-//    (checked against the server's `identity`), caller its own identity and
-//    address its UCX worker address (at most kMaxAddress bytes).
+//    server-nonce caller-nonce len32(destination) destination le16(port)
+//    len32(caller) caller len32(address) address), where destination is the
+//    name it calls (checked against the server's `identity`), port the port
+//    it dialed (checked against the one the server listens on: a handshake
+//    relayed from another port, a squatted candidate, does not verify),
+//    caller its own identity (with Options::hosts, checked: the connection
+//    comes from that node's address; a caller calls from the address it
+//    listens on, when it listens on one) and address its UCX worker address
+//    (at most kMaxAddress bytes).
 // 3. The server proves it back: HMAC-SHA256(key, "monarch-door-server" the
 //    same fields, then the session id and its own worker address) and hands
 //    the caller its worker address and a random 64-bit session id, then
 //    closes the door connection. The caller takes neither before the MAC
-//    verifies (a squatter on the port is `refused`).
+//    verifies (a squatter on the port is `refused`). A Proof that does not
+//    verify is not answered: the connection closes, and the caller, which
+//    cannot tell that from a handshake evicted by a flood, calls it
+//    `unreachable`.
 // Each side then makes its own UCX endpoint to the other's worker address
 // (err mode PEER) and sends only on it: requests go caller to server, answers
 // server to caller. UCX's reply endpoints are never kept: UCX destroys them
@@ -42,10 +50,17 @@
 // - its MAC, HMAC-SHA256(key, "monarch-request" nonce seq call
 //   len32(destination) destination request), verifies, where nonce is the
 //   session's (the server's nonce of its handshake) and seq is fresh within
-//   the session's sliding window of 64 (a replayed request is refused, from
+//   the session's sliding window of 64 (a replayed request is dropped, from
 //   any endpoint, and a request of another session does not verify).
-// A request that fails with a live session is answered `refused` and the
-// session ends. Only then is the handler called.
+// Any other request is dropped unread and unanswered (counted), and the
+// session stays: a session id travels in clear, so whoever sends a request
+// that does not verify proved nothing; no verdict about it is signed, and it
+// cannot end the session of the caller that holds the key. Only a request
+// that verifies reaches the handler.
+// A caller whose call times out with nothing heard on its session for
+// Limits::silent_session_ms or longer (no answer to any call of it) forgets the session and its
+// endpoint: the server may have ended it (a restarted caller's newer sessions
+// replace its oldest) and never says so; the next call handshakes again.
 // Answers: HMAC-SHA256(key, "monarch-answer" nonce seq call answer32 length64
 // payload) covers the whole answer. A caller takes an answer only for a call
 // it is waiting on, of the session the call went out on (call ids are random
@@ -57,20 +72,24 @@
 // job's network traffic learns them, and can then reach UCX (see below).
 //
 // Bounds (Limits). The front door: connections that have not completed the
-// handshake, per source address and in all (the oldest dropped for a new
-// one), each dropped after auth_ms; each holds at most one Proof (about
+// handshake, per source address (its oldest dropped for a new one) and in all
+// (then the oldest of the address holding the most goes, never a lone
+// caller's: when every address holds one, the new one is closed), each
+// dropped after auth_ms; each holds at most one Proof (about
 // 4 KiB) and one HMAC is computed per completed Proof. Garbage, churn, slow
 // or silent connections never reach UCX and cost the progress thread at most
 // 64 accepts per turn. Sessions: per source address (the oldest goes: a
 // restarted stager's new one replaces it). Requests being served per session
 // (past it: answered `error`). MACs of requests are computed on the progress
-// thread (a bounded header and at most kMaxRequest bytes, one failure per
-// session); those of answers on the handler's and the caller's threads.
-// Known limit: UCX's own transport listener (TCP: a random port of the
-// worker) takes connections from anyone, and UCX assembles an eager message
-// whole before the handler sees and drops it; whoever learns the worker
-// address can make this process hold what UCX holds for such messages
-// (tests/unit/peers_test.cpp measures it).
+// thread (a bounded header and at most kMaxRequest bytes, for requests that
+// name a live session with a fresh sequence number); those of answers on the handler's and the
+// caller's threads. Known limit: UCX's own transport listener (TCP: a random port of the worker)
+// takes connections from anyone, and UCX assembles an eager message whole before the handler sees
+// and drops it; whoever learns the worker address can make this process hold what UCX holds for
+// such messages (tests/unit/peers_test.cpp measures it). UCX keeps such
+// connections open a while and drops its listener for good when accept()
+// fails at the descriptor limit: Peers::start raises the process's soft
+// limit to the hard one, which bounds what such a flood must hold.
 //
 // Ports. A job's stagers listen on the first free port among
 // port_candidates(key, low, high): four ports of the configured range drawn
@@ -100,10 +119,12 @@ namespace monarch::peers {
 enum class Code {
   ok,
   timeout,      // no answer by the deadline (peer hung, stopped, slow, or unreachable silently)
-  unreachable,  // no connection, or it broke (peer dead, restarted, network down)
-  refused,      // the peer does not hold this job's key or is not the stager asked for (or
-                // its answer is not signed with the key: not a stager of this job), or it
-                // closed the front door at once (this node is not one of the job's)
+  unreachable,  // no connection, or it broke (peer dead, restarted, network down), or the
+                // front door closed it before its Welcome (the peer did not take the
+                // Proof: another job's key, another name, this node not one of the job's;
+                // or a flood evicted the handshake: the caller cannot tell which)
+  refused,      // the peer proved it is not this job's stager: its Hello is not Monarch's,
+                // or its Welcome or answer is not signed with the key
   error,        // the peer's handler failed or dropped the request, or it is busy; local errors
 };
 const char* to_string(Code code);
@@ -162,6 +183,10 @@ struct Limits {
   unsigned authenticated_per_source = 8;    // sessions; a restarted stager's replaces the oldest
   unsigned in_flight = 64;                  // requests of one session being served
   unsigned auth_ms = 3000;                  // a handshake not done this long is dropped
+  // A caller forgets a session whose call timed out when nothing was heard
+  // on it (no answer to any of its calls) for this long: the server may have
+  // ended it without a word. Shorter silences (a busy peer) keep it.
+  unsigned silent_session_ms = 1000;
 };
 
 struct Options {
@@ -209,7 +234,8 @@ class Peers {
   // empty. An answer longer than max_reply bytes is `error`, and never
   // allocated. One whose MAC does not verify ends the call `refused`. Safe
   // from any number of threads; one session per peer is shared by all calls,
-  // made on first use and made again after it broke or was refused. `host` is looked up in
+  // made on first use and made again after it broke or let a call time out
+  // with nothing heard. `host` is looked up in
   // Options::hosts, else resolved once per Peers and cached.
   Status call(const std::string& host, uint16_t port, std::string_view request,
               std::vector<char>& reply, int timeout_ms, size_t max_reply = kDefaultMaxReply);
@@ -232,7 +258,7 @@ constexpr size_t kMaxRequest = 256;      // a request's payload, at most
 constexpr size_t kMaxIdentity = 64;      // a stager's name (a node name), at most
 constexpr size_t kMaxAddress = 4096;     // a UCX worker address, at most
 constexpr unsigned kPortCandidates = 4;
-enum : uint32_t { kAnswerOk = 0, kAnswerError = 1, kAnswerRefused = 2 };
+enum : uint32_t { kAnswerOk = 0, kAnswerError = 1 };
 
 // Front door, server to caller at accept.
 struct Hello {
@@ -272,11 +298,11 @@ struct AnswerHeader {
 };
 
 bool proof_mac(std::string_view key, const Nonce& server, const Nonce& caller,
-               std::string_view destination, std::string_view identity, std::string_view address,
-               Mac& out);
+               std::string_view destination, uint16_t port, std::string_view identity,
+               std::string_view address, Mac& out);
 bool welcome_mac(std::string_view key, const Nonce& server, const Nonce& caller,
-                 std::string_view destination, std::string_view identity, uint64_t session,
-                 std::string_view address, Mac& out);
+                 std::string_view destination, uint16_t port, std::string_view identity,
+                 uint64_t session, std::string_view address, Mac& out);
 bool request_mac(std::string_view key, const Nonce& nonce, uint64_t seq, uint64_t call,
                  std::string_view destination, std::string_view request, Mac& out);
 bool answer_mac(std::string_view key, const Nonce& nonce, uint64_t seq, uint64_t call,

@@ -1,7 +1,8 @@
 // A peer stager for peers_test, in its own process so that the tests can
 // kill -9 it, stop it, start it again and measure it. Usage: PORT KEY
-// [ALLOWED_ADDRESS]. Its identity is 127.0.0.1; with ALLOWED_ADDRESS it
-// accepts connections only from that address. Prints "port N ADDRESS" (its
+// [ALLOWED_ADDRESS]. Its identity is 127.0.0.1; with ALLOWED_ADDRESS its
+// hosts are {127.0.0.1: ALLOWED_ADDRESS}: it accepts connections only from
+// that address, of a caller named 127.0.0.1. Prints "port N ADDRESS" (its
 // worker address in hex) once listening, then serves until killed. A
 // request's first byte says what to do with the rest:
 //   (empty request)  answers empty
@@ -18,6 +19,10 @@
 //   tamper KEY        a front door with the key (prints "port N"), answers
 //                     each request with an answer signed for "good" that
 //                     carries "evil"
+//   amnesiac KEY      a front door with the key (prints "port N") that
+//                     forgets its first session without a word: its requests
+//                     are never answered; those of a later session are,
+//                     signed, with "again"
 //   forge ADDRESS COUNT
 //                     connects to the worker ADDRESS (hex) and sends it, over
 //                     and over, answers "forged" for call ids 1..COUNT and
@@ -25,7 +30,11 @@
 //   replay PORT KEY   a caller with the key: sends a request "eping" to
 //                     127.0.0.1:PORT, then the very same bytes again in that
 //                     session, then in a new one; prints one line, what each
-//                     of the three got ("ok ping", "refused ...", "none")
+//                     of the three got ("ok ping", then "none": dropped unanswered)
+//   spoil PORT KEY    a caller with the key and a stranger who knows its
+//                     session id: see Raw::spoil; prints one line
+//   relay TO          a squatter that pipes each connection to 127.0.0.1:TO
+//                     (prints "port N")
 //   flood PORT SECONDS [ADDRESS]
 //                     a stranger without the key: prints "flooding", then for
 //                     SECONDS, from 4 threads, keeps the front door at
@@ -51,6 +60,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -245,7 +255,7 @@ struct Raw {
         !wire::decode_hello(buffer, sizeof buffer, hello))
       return false;
     wire::Proof proof{wire::kMagic, uint32_t(address.size()), {9}, "raw", {}};
-    wire::proof_mac(key, hello.nonce, proof.nonce, "127.0.0.1", "raw", address, proof.mac);
+    wire::proof_mac(key, hello.nonce, proof.nonce, "127.0.0.1", port, "raw", address, proof.mac);
     std::string out(reinterpret_cast<char*>(&proof), sizeof proof);
     out += address;
     wire::Welcome w;
@@ -263,6 +273,9 @@ struct Raw {
   // A front door: accepts one caller at a time, gives it a session with
   // `nonce` (signed when a key is given), and makes an endpoint to it.
   ucp_ep_h door(int listener, const std::string& key, const Nonce& nonce, FILE* log) {
+    sockaddr_in own{};
+    socklen_t own_length = sizeof own;
+    getsockname(listener, reinterpret_cast<sockaddr*>(&own), &own_length);
     int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) return nullptr;
     wire::Hello hello{wire::kMagic, 0, nonce};
@@ -282,7 +295,8 @@ struct Raw {
     if (ep) {
       wire::Welcome w{wire::kMagic, uint32_t(address.size()), 77, {}};
       if (!key.empty() && wire::proof_identity(proof, caller))
-        wire::welcome_mac(key, nonce, proof.nonce, "127.0.0.1", caller, w.session, address, w.mac);
+        wire::welcome_mac(key, nonce, proof.nonce, "127.0.0.1", ntohs(own.sin_port), caller,
+                          w.session, address, w.mac);
       std::string out(reinterpret_cast<char*>(&w), sizeof w);
       out += address;
       write_all(fd, out.data(), out.size());
@@ -332,6 +346,20 @@ struct Raw {
                  });
   }
 
+  int amnesiac(const std::string& key) {
+    if (!init()) return 1;
+    ucp_ep_h first = nullptr;
+    return serve(key, nullptr, [&](ucp_ep_h ep, const wire::RequestHeader& h, const Nonce& nonce) {
+      if (!first) first = ep;
+      if (ep == first) return;
+      static const char again[] = "again";
+      static wire::AnswerHeader a;  // UCX reads it until the send completes
+      a = {wire::kMagic, wire::kAnswerOk, h.session, h.call, {}};
+      wire::answer_mac(key, nonce, h.seq, h.call, wire::kAnswerOk, again, a.mac);
+      send(ep, wire::kAnswerAm, &a, sizeof a, again, 5);
+    });
+  }
+
   int forge_all(const std::string& target, uint64_t count) {
     ucp_ep_h ep = connect_to(target);
     if (!ep) return 1;
@@ -349,15 +377,13 @@ struct Raw {
     }
   }
 
-  // What the answer was: "ok PAYLOAD", "refused TEXT", "error TEXT" or "none".
-  std::string answer() {
+  // What the answer was: "ok PAYLOAD", "error TEXT" or "none".
+  std::string answer(int ms = 3000) {
     Message m;
-    if (!wait_for(wire::kAnswerAm, m)) return "none";
+    if (!wait_for(wire::kAnswerAm, m, ms)) return "none";
     wire::AnswerHeader a;
     if (!wire::decode_answer(m.header.data(), m.header.size(), a)) return "garbage";
-    const char* code = a.answer == wire::kAnswerOk        ? "ok"
-                       : a.answer == wire::kAnswerRefused ? "refused"
-                                                          : "error";
+    const char* code = a.answer == wire::kAnswerOk ? "ok" : "error";
     return std::string(code) + " " + m.payload;
   }
 
@@ -374,15 +400,52 @@ struct Raw {
     send(first, wire::kRequestAm, &h, sizeof h, request.data(), request.size());
     std::string once = answer();
     send(first, wire::kRequestAm, &h, sizeof h, request.data(), request.size());
-    std::string again = answer();
+    std::string again = answer(1000);
     // In a new session: the captured bytes under the new session's id.
     if (!handshake(port, key, session, nonce, theirs)) return 1;
     ucp_ep_h second = connect_to(theirs);
     if (!second) return 1;
     h.session = session;
     send(second, wire::kRequestAm, &h, sizeof h, request.data(), request.size());
-    std::string elsewhere = answer();
+    std::string elsewhere = answer(1000);
     printf("%s | %s | %s\n", once.c_str(), again.c_str(), elsewhere.c_str());
+    fflush(stdout);
+    return 0;
+  }
+
+  // A caller with the key makes a session and is served ("eping"); a
+  // stranger who learned the session id (it travels in clear) sends, from
+  // its own endpoint, a request of that session with the next sequence
+  // number and a MAC it cannot make; then the caller sends its next request.
+  // Prints what each of the three got ("ok ping | none | ok pong").
+  int spoil(uint16_t port, const std::string& key) {
+    uint64_t session;
+    Nonce nonce;
+    std::string theirs;
+    if (!init() || !handshake(port, key, session, nonce, theirs)) return 1;
+    ucp_ep_h caller = connect_to(theirs);
+    if (!caller) return 1;
+    // UCX reads a send's header and payload until it completes: they live
+    // as long as the function.
+    std::list<std::pair<wire::RequestHeader, std::string>> sent;
+    auto request = [&](Raw& from, ucp_ep_h ep, uint64_t seq, const std::string& text,
+                       bool signed_) {
+      auto& [h, payload] = sent.emplace_back(
+          wire::RequestHeader{wire::kMagic, 0, session, 100 + seq, seq, {}}, text);
+      if (signed_) wire::request_mac(key, nonce, seq, h.call, "127.0.0.1", payload, h.mac);
+      from.send(ep, wire::kRequestAm, &h, sizeof h, payload.data(), payload.size());
+    };
+    request(*this, caller, 1, "eping", true);
+    std::string first = answer();
+    Raw stranger;
+    ucp_ep_h intruder = stranger.init() ? stranger.connect_to(theirs) : nullptr;
+    if (!intruder) return 1;
+    request(stranger, intruder, 2, "eevil", false);
+    stranger.progress_for(200);
+    std::string forged = answer(1000);
+    request(*this, caller, 2, "epong", true);
+    std::string next = answer();
+    printf("%s | %s | %s\n", first.c_str(), forged.c_str(), next.c_str());
     fflush(stdout);
     return 0;
   }
@@ -483,9 +546,33 @@ int flood(uint16_t port, int seconds, int only, const std::string& target) {
 
 }  // namespace
 
+// A squatter on another port that pipes each connection, whole, to the
+// stager's front door at 127.0.0.1:TO (prints "port N"), one at a time.
+int relay(uint16_t to) {
+  int listener = tcp_listen();
+  if (listener < 0) return 1;
+  for (;;) {
+    int a = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    int b = a < 0 ? -1 : tcp_connect(to);
+    pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    char buffer[8192];
+    for (bool open = b >= 0; open && poll(p, 2, 5000) > 0;)
+      for (int i = 0; open && i < 2; ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        ssize_t n = read(p[i].fd, buffer, sizeof buffer);
+        open = n > 0 && write_all(p[1 - i].fd, buffer, size_t(n));
+      }
+    if (a >= 0) close(a);
+    if (b >= 0) close(b);
+  }
+}
+
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
+  if (argc == 3 && mode == "relay") return relay(uint16_t(std::stoi(argv[2])));
+  if (argc == 4 && mode == "spoil") return Raw().spoil(std::stoi(argv[2]), argv[3]);
   if (argc == 3 && mode == "squat") return Raw().squat(argv[2]);
+  if (argc == 3 && mode == "amnesiac") return Raw().amnesiac(argv[2]);
   if (argc == 3 && mode == "tamper") return Raw().tamper(argv[2]);
   if (argc == 4 && mode == "replay") return Raw().replay(std::stoi(argv[2]), argv[3]);
   if (argc == 4 && mode == "forge") {
@@ -526,7 +613,7 @@ int main(int argc, char** argv) {
                   .port = uint16_t(std::stoi(argv[1])),
                   .key = argv[2],
                   .identity = "127.0.0.1"};
-  if (argc == 4) options.hosts = {{"allowed", argv[3]}};
+  if (argc == 4) options.hosts = {{"127.0.0.1", argv[3]}};
   std::string error;
   auto peers = Peers::start(std::move(options), handler, error);
   if (!peers) {
