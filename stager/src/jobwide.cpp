@@ -153,9 +153,19 @@ std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
           "node {} of the job: no IPv4 address within {} ms: it is neither called nor "
           "accepted",
           node, o.resolve_ms);
+  // By default its own name's address; all of the node's when that is a
+  // loopback one (Debian's /etc/hosts maps a host's own name to 127.0.1.1),
+  // where no other node reaches it. Callers are checked by their address
+  // either way (Options::hosts).
   if (po.bind_address.empty()) {
     auto own = po.hosts.find(o.nodes[o.self]);
-    po.bind_address = own != po.hosts.end() ? own->second : "0.0.0.0";
+    bool loopback = own != po.hosts.end() && own->second.rfind("127.", 0) == 0;
+    po.bind_address = own != po.hosts.end() && !loopback ? own->second : "0.0.0.0";
+    if (loopback)
+      spdlog::info(
+          "this node's name {} resolves to {} here, a loopback address: listening on all of "
+          "its addresses",
+          o.nodes[o.self], own->second);
   }
   jw->net_ = peers::Peers::start(
       std::move(po),
@@ -352,7 +362,7 @@ std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& w
     }
     if (answer == kPending) {
       // Alive, without the index yet (walking, or waiting for it itself).
-    } else if (st.ok() || st.code == peers::Code::refused) {
+    } else if (st.ok()) {  // its own signed word: it has no index to send
       fail(from, st.ok() ? peers::Status{peers::Code::error, "it sent no index"} : st);
       continue;
     } else {  // not listening, or silent: out once that lasts
@@ -521,7 +531,10 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   // given up on only when that lasts the whole peer timeout. A copy waits for
   // a silent node, which may answer any moment; a broken connection is tried
   // again later, and the copy reads the PFS meanwhile (a replica waits).
-  bool broken = st.code == peers::Code::unreachable && peer.answered.load();
+  // `refused` is a stranger's word (a squatter on the port, a forged answer):
+  // as a broken connection, never a verdict at once.
+  bool broken = (st.code == peers::Code::unreachable && peer.answered.load()) ||
+                st.code == peers::Code::refused;
   if (st.code == peers::Code::timeout || broken) {
     uint64_t now = now_ns(), since = silent.load();
     if (!since) silent.compare_exchange_strong(since, now), since = since ? since : now;

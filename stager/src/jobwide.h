@@ -5,11 +5,13 @@
 //   (node 0 always walks); every other node asks the first node before it
 //   that it does not count out for the index (index_wire.h), and a node that
 //   received the index serves it to others as the walker does. A node is out
-//   for the rest of the job (failed, as below) when it refuses the job's key
-//   or sends no index (what answers at its port is a squatter, or not of
-//   this job), or answers nothing for max(peer timeout, kIndexPatienceNs)
-//   from the first try (its port taken and nobody listening, or what listens
-//   never answering; a node whose stager cannot listen caches alone). A
+//   for the rest of the job (failed, as below) at once only when it says,
+//   signed with the key, that it has no index to send; else when it answers
+//   nothing signed for max(peer timeout, kIndexPatienceNs) from the first
+//   try (its port taken by a squatter or another job, nobody listening, or
+//   what listens never answering; a node whose stager cannot listen caches
+//   alone): a refusal or a closed connection is never final, as a stranger
+//   who reads and writes the network can fake either. A
 //   node waits at most index_wait_ms in all, and past it walks and caches
 //   alone (one log line).
 //   Views of which nodes are out may differ (node 0 squatted, node 2 gave
@@ -29,8 +31,8 @@
 //   the part written so far), and copies it from the PFS first when it has
 //   none, whether or not it is the file's home in its own view: views of
 //   failed nodes may differ between nodes, answers never do.
-// - Faults: a peer that refuses the job's key, or does not answer (or cannot
-//   be reached again, once it has answered) for the whole peer timeout, is
+// - Faults: a peer that does not answer signed with the key (or cannot be
+//   reached again, once it has answered) for the whole peer timeout, is
 //   failed for the rest of the job: its files are re-homed (the next node by
 //   rendezvous score, this one included) and nothing waits on it again. A
 //   file the peer cannot serve is read from the PFS. Bytes come only from a

@@ -314,7 +314,8 @@ struct Call {
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
-  bool received = false;  // an answer is in reply, not verified yet
+  bool received = false;  // an answer is in reply
+  bool verified = false;  // its MAC checked already (eager answers, on the progress thread)
   Status status;
   std::vector<char> reply;
   uint32_t answer = 0;
@@ -337,10 +338,11 @@ struct Call {
     status = {code, std::move(text)};
     cv.notify_all();
   }
-  void receive(uint32_t code, const Mac& answer_mac) {
+  void receive(uint32_t code, const Mac& answer_mac, bool checked) {
     std::lock_guard lock(m);
     if (done) return;
     done = received = true;
+    verified = checked;
     answer = code;
     mac = answer_mac;
     cv.notify_all();
@@ -364,7 +366,6 @@ struct Conn {
   Clock::time_point opened;
   Window window;
   unsigned in_flight = 0;
-  uint64_t dropped = 0;  // requests naming it that did not verify: dropped unread
 };
 
 // A front door connection in its handshake: the Hello sent, the Proof
@@ -459,7 +460,7 @@ struct Engine : std::enable_shared_from_this<Engine> {
   void close_door(uint64_t id);
   // Client side (the calling thread).
   Status handshake(const Address& address, const std::string& host, const std::string& peer,
-                   Clock::time_point deadline, Session& out);
+                   bool& admitted, Clock::time_point deadline, Session& out);
   Status session_for(const std::string& host, uint16_t port, Clock::time_point deadline,
                      Session& out);
   void forget_session(const std::string& peer, uint64_t session);
@@ -536,7 +537,7 @@ struct ReceiveContext {
 void on_received(void* request, ucs_status_t status, size_t /*length*/, void* user_data) {
   auto* ctx = static_cast<ReceiveContext*>(user_data);
   if (status == UCS_OK)
-    ctx->call->receive(ctx->answer, ctx->mac);
+    ctx->call->receive(ctx->answer, ctx->mac, false);
   else
     ctx->call->finish(Code::unreachable,
                       "receiving from " + ctx->call->peer + " failed: " + ucx_text(status));
@@ -983,7 +984,7 @@ ucp_ep_h Engine::connect(const std::string& address, ucs_status_t& status) {
 // and the caller cannot tell which; only a Hello or a Welcome that is not
 // Monarch's or not signed with the key is `refused`.
 Status Engine::handshake(const Address& address, const std::string& host, const std::string& peer,
-                         Clock::time_point deadline, Session& out) {
+                         bool& admitted, Clock::time_point deadline, Session& out) {
   Fd s{socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)};
   if (s.fd < 0) return {Code::error, std::string("socket: ") + strerror(errno)};
   if (source_ipv4 != INADDR_ANY) {
@@ -1007,6 +1008,7 @@ Status Engine::handshake(const Address& address, const std::string& host, const 
     if (err != 0 && err != EISCONN)
       return {Code::unreachable, "connecting to " + peer + ": " + strerror(err)};
   }
+  admitted = true;
   auto io_failed = [&](int rc, const char* what) -> Status {
     if (rc == 0)
       return {Code::unreachable,
@@ -1092,7 +1094,15 @@ Status Engine::session_for(const std::string& host, uint16_t port, Clock::time_p
     resolved[host] = address;
   }
   set_port(address, port);
-  Status status = handshake(address, host, peer, deadline, out);
+  // A connection the front door took and closed before its Welcome may have
+  // been evicted by a flood from this node's address (another user's): tried
+  // again, twice at most, within the deadline.
+  Status status;
+  for (int tries = 0; tries < 3; ++tries) {
+    bool admitted = false;
+    status = handshake(address, host, peer, admitted, deadline, out);
+    if (status.code != Code::unreachable || !admitted || Clock::now() >= deadline) break;
+  }
   if (!status.ok()) return status;
   std::lock_guard guard(sessions_mutex);
   sessions[peer] = out;
@@ -1328,10 +1338,8 @@ ucs_status_t Engine::on_request(void* arg, const void* header, size_t header_len
   Mac expected;
   if (!decoded || !conn.window.fresh(h.seq) ||
       !request_mac(self->key, conn.nonce, h.seq, h.call, self->identity, request, expected) ||
-      !same_mac(expected, h.mac)) {
-    ++conn.dropped;
+      !same_mac(expected, h.mac))
     return UCS_OK;
-  }
   conn.window.take(h.seq);
   if (conn.in_flight >= self->limits.in_flight) {
     self->later.push_back([self, session = h.session, call = h.call, seq = h.seq] {
@@ -1357,24 +1365,36 @@ ucs_status_t Engine::on_answer(void* arg, const void* header, size_t header_leng
   if (conn == self->conns.end() || conn->second.session != h.session || it->second->seq == 0)
     return UCS_OK;
   std::shared_ptr<Call> call = it->second;
+  // An eager answer is checked here, before it touches the call: one that
+  // does not verify (a stranger who read the call's ids off the network) is
+  // dropped, and the call waits on for the genuine one.
+  bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+  const char* bytes = static_cast<const char*>(data);
+  if (!rndv && length <= call->max_reply) {
+    Mac expected;
+    if (!answer_mac(self->key, call->session.nonce, call->seq, call->id, h.answer, {bytes, length},
+                    expected) ||
+        !same_mac(expected, h.mac))
+      return UCS_OK;
+    call->session.heard->store(Clock::now().time_since_epoch().count());
+  }
   self->calls.erase(it);
   conn->second.calls.erase(h.call);
-  call->session.heard->store(Clock::now().time_since_epoch().count());
   if (length > call->max_reply) {
     call->finish(Code::error, call->peer + ": answer of " + std::to_string(length) +
                                   " bytes, more than the " + std::to_string(call->max_reply) +
                                   " asked for");
     return UCS_OK;
   }
-  // Received whole, then verified by the caller before it takes a byte.
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+  // By rendezvous: received whole, then verified by the caller before it
+  // takes a byte (the MAC of up to a piece is the caller's thread's work).
+  if (rndv) {
     call->reply.resize(length);
     receive_rndv(self, data, call->reply.data(), length, new ReceiveContext{call, h.answer, h.mac});
     return UCS_INPROGRESS;
   }
-  const char* bytes = static_cast<const char*>(data);
   call->reply.assign(bytes, bytes + length);
-  call->receive(h.answer, h.mac);
+  call->receive(h.answer, h.mac, true);
   return UCS_OK;
 }
 
@@ -1574,12 +1594,15 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
       return call->status;
     }
   }
-  // Received: verified here, on the caller's thread, before a byte is taken.
+  // Received by rendezvous: verified here, on the caller's thread, before a
+  // byte is taken.
   Mac expected;
-  if (!answer_mac(engine->key, call->session.nonce, call->seq, call->id, call->answer,
-                  {call->reply.data(), call->reply.size()}, expected) ||
-      !same_mac(expected, call->mac))
+  if (!call->verified &&
+      (!answer_mac(engine->key, call->session.nonce, call->seq, call->id, call->answer,
+                   {call->reply.data(), call->reply.size()}, expected) ||
+       !same_mac(expected, call->mac)))
     return {Code::refused, call->peer + ": answer not signed with this job's key"};
+  call->session.heard->store(Clock::now().time_since_epoch().count());
   if (call->answer == kAnswerOk) {
     reply = std::move(call->reply);
     return {};

@@ -65,8 +65,11 @@
 // payload) covers the whole answer. A caller takes an answer only for a call
 // it is waiting on, of the session the call went out on (call ids are random
 // 64-bit: nobody guesses one), receives at most max_reply bytes of it, and
-// verifies the MAC (on its own thread) before it takes a byte: a tampered
-// answer is `refused`.
+// verifies the MAC before it takes a byte. An eager answer is verified on
+// the progress thread before it touches the call: one that does not verify
+// (a stranger who read the call's ids off the network) is dropped, and the
+// call waits on for the genuine one. One received by rendezvous is verified
+// on the caller's thread, and ends the call `refused` if it does not verify.
 // Secrecy is not provided (file bytes travel in clear, as from the PFS), and
 // the session ids and worker addresses travel in clear too: whoever reads the
 // job's network traffic learns them, and can then reach UCX (see below).
@@ -123,8 +126,9 @@ enum class Code {
                 // front door closed it before its Welcome (the peer did not take the
                 // Proof: another job's key, another name, this node not one of the job's;
                 // or a flood evicted the handshake: the caller cannot tell which)
-  refused,      // the peer proved it is not this job's stager: its Hello is not Monarch's,
-                // or its Welcome or answer is not signed with the key
+  refused,      // not this job's stager's: a Hello that is not Monarch's, a Welcome or an
+                // answer not signed with the key. Whoever reads and writes the job's
+                // network can forge one: never a final verdict about a peer
   error,        // the peer's handler failed or dropped the request, or it is busy; local errors
 };
 const char* to_string(Code code);
