@@ -33,6 +33,8 @@
 #include "jobwide.h"
 #include "placement.h"
 
+#include "free_port.h"
+
 namespace monarch {
 namespace {
 namespace fs = std::filesystem;
@@ -76,17 +78,6 @@ constexpr unsigned kIndexWaitMs = 60000;
 
 long ms_since(Clock::time_point t) {
   return long(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
-}
-
-// A TCP port nobody listens on now, on any address.
-uint16_t free_port() {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{.sin_family = AF_INET, .sin_port = 0, .sin_addr = {htonl(INADDR_ANY)}};
-  socklen_t n = sizeof a;
-  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &n);
-  close(s);
-  return ntohs(a.sin_port);
 }
 
 // A job's nodes (their names are the addresses they listen on) and settings.

@@ -71,6 +71,8 @@
 #include "jobwide.h"
 #include "peers.h"
 
+#include "free_port.h"
+
 extern char** environ;
 
 namespace {
@@ -131,16 +133,6 @@ std::pair<std::string, std::string> other_ipv4() {
     }
   freeifaddrs(list);
   return out;
-}
-
-uint16_t free_port() {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{.sin_family = AF_INET, .sin_port = 0, .sin_addr = {htonl(INADDR_ANY)}};
-  socklen_t n = sizeof a;
-  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &n);
-  close(s);
-  return ntohs(a.sin_port);
 }
 
 // ---------------------------------------------------------------- attackers
@@ -444,6 +436,21 @@ struct Election {
     }
     return true;
   }
+  // A new node 1: its sessions are made again.
+  bool restart_node1() {
+    n1.reset();
+    std::string error;
+    n1 = JobWide::start({.nodes = nodes,
+                         .self = 1,
+                         .port_low = port,
+                         .port_high = port,
+                         .address = nodes[1],
+                         .key = kKey,
+                         .timeout_ms = 1000},
+                        c1, error);
+    if (!n1) fprintf(stderr, "node 1: %s\n", error.c_str());
+    return bool(n1);
+  }
   // Node 1 asks node 0 for the index for `ms` (node 0 is alive and walking:
   // it answers "pending").
   void ask(const char* what, uint64_t ms) {
@@ -467,18 +474,8 @@ int election_forged() {
   Child attacker = spawn(self_path, {"sniff-forge", "60", std::to_string(e.port)});
   if (attacker.line != "sniffing\n") return fprintf(stderr, "%s\n", attacker.line.c_str()), 1;
   // Node 1's session with node 0 was made before the listener: a restarted
-  // node 1 (or any new session) shows its Proof. Here: a new node 1.
-  e.n1.reset();
-  std::string error;
-  e.n1 = JobWide::start({.nodes = e.nodes,
-                         .self = 1,
-                         .port_low = e.port,
-                         .port_high = e.port,
-                         .address = e.nodes[1],
-                         .key = kKey,
-                         .timeout_ms = 1000},
-                        e.c1, error);
-  if (!e.n1) return fprintf(stderr, "node 1: %s\n", error.c_str()), 1;
+  // node 1 (or any new session) shows its Proof.
+  if (!e.restart_node1()) return 1;
   e.ask("listener forging, node 1 asks up to 20 s", 20000);
   attacker.stop();
   return 0;
@@ -491,17 +488,7 @@ int election_same_address() {
   Child attacker = spawn(self_path, {"hold", e.nodes[0], std::to_string(e.port), e.nodes[1], "30"});
   if (attacker.line != "holding\n") return 1;
   // Node 1 restarted (or its session ended): it needs a new handshake.
-  e.n1.reset();
-  std::string error;
-  e.n1 = JobWide::start({.nodes = e.nodes,
-                         .self = 1,
-                         .port_low = e.port,
-                         .port_high = e.port,
-                         .address = e.nodes[1],
-                         .key = kKey,
-                         .timeout_ms = 1000},
-                        e.c1, error);
-  if (!e.n1) return fprintf(stderr, "node 1: %s\n", error.c_str()), 1;
+  if (!e.restart_node1()) return 1;
   e.ask("another user on node 1 holding connections to node 0, node 1 asks up to 20 s", 20000);
   attacker.stop();
   return 0;
