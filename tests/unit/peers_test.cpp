@@ -402,16 +402,16 @@ TEST_F(PeersTest, AChurnFromTheCallersAddressNeverMakesAHandshakeRefused) {
   EXPECT_GT(calls, 0);
 }
 
-// An answer whose payload is not the one its MAC covers is refused: its
-// bytes are never taken.
-TEST_F(PeersTest, ATamperedAnswerIsRefused) {
+// An answer whose payload is not the one its MAC covers is never taken: an
+// eager one is dropped before it touches the call, which waits for a genuine
+// one (none comes from this server: the call times out).
+TEST_F(PeersTest, ATamperedAnswerIsNeverTaken) {
   Peer tamperer = Peer::run({"tamper", kKey});
   ASSERT_NE(tamperer.port, 0) << "the tamperer did not start";
   std::vector<char> reply;
   Status status = call(tamperer.port, "eany", reply, 2000);
   tamperer.stop();
-  EXPECT_EQ(status.code, Code::refused) << status.text;
-  EXPECT_NE(status.text.find("answer not signed"), std::string::npos) << status.text;
+  EXPECT_EQ(status.code, Code::timeout) << status.text;
   EXPECT_TRUE(reply.empty());
 }
 
