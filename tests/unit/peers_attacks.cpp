@@ -140,6 +140,24 @@ std::pair<std::string, std::string> other_ipv4() {
 // (c) A listener on the network: reads every packet on lo, learns callers'
 // worker addresses from their Proofs and (session, call) from their
 // requests, and sends each request's caller an answer it cannot sign.
+// A UCX worker of the attacker's own (active messages, one thread), or null.
+ucp_worker_h stranger_worker() {
+  ucp_config_t* config = nullptr;
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_AM;
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return nullptr;
+  bool made = ucp_init(&params, config, &context) == UCS_OK &&
+              ucp_worker_create(context, &wp, &worker) == UCS_OK;
+  ucp_config_release(config);
+  return made ? worker : nullptr;
+}
+
 int sniff_forge(int seconds, uint16_t door) {
   int ps = socket(AF_PACKET, SOCK_DGRAM | SOCK_NONBLOCK, htons(ETH_P_ALL));
   if (ps < 0) {
@@ -151,20 +169,8 @@ int sniff_forge(int seconds, uint16_t door) {
   ll.sll_protocol = htons(ETH_P_ALL);
   ll.sll_ifindex = int(if_nametoindex("lo"));
   if (bind(ps, reinterpret_cast<sockaddr*>(&ll), sizeof ll) != 0) return 1;
-  ucp_config_t* config = nullptr;
-  ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM;
-  ucp_worker_params_t wp{};
-  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK ||
-      ucp_init(&params, config, &context) != UCS_OK ||
-      ucp_worker_create(context, &wp, &worker) != UCS_OK)
-    return 1;
-  ucp_config_release(config);
+  ucp_worker_h worker = stranger_worker();
+  if (!worker) return 1;
   printf("sniffing\n");
   fflush(stdout);
 
@@ -297,17 +303,8 @@ int unknown_am(int count) {
   std::string address;
   for (size_t i = 0; i + 1 < hex_address.size(); i += 2)
     address += char(std::stoi(hex_address.substr(i, 2), nullptr, 16));
-  ucp_config_t* config = nullptr;
-  ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM;
-  ucp_worker_params_t wp{};
-  if (address.empty() || ucp_config_read(nullptr, nullptr, &config) != UCS_OK ||
-      ucp_init(&params, config, &context) != UCS_OK ||
-      ucp_worker_create(context, &wp, &worker) != UCS_OK)
-    return 1;
+  ucp_worker_h worker = address.empty() ? nullptr : stranger_worker();
+  if (!worker) return 1;
   ucp_ep_params_t ep_params{};
   ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
   ep_params.address = reinterpret_cast<const ucp_address_t*>(address.data());
