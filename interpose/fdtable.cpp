@@ -58,7 +58,7 @@ void retire(Whole* w) {
   uint64_t now = monotonic_ns();
   sigset_t all, old;
   sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, &old);
+  sigprocmask(SIG_BLOCK, &all, &old);
   while (lock.test_and_set(std::memory_order_acquire)) sched_yield();
   for (auto& r : ring)
     if (r.w && (now - r.at > 1'000'000'000 || &r == &ring[next % 64])) {
@@ -69,7 +69,7 @@ void retire(Whole* w) {
   ring[next % 64] = {w, now};
   next++;
   lock.clear(std::memory_order_release);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  sigprocmask(SIG_SETMASK, &old, nullptr);
 }
 
 void drop_whole(FdEntry* e) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -114,6 +115,28 @@ inline void leave() {
   t_entered = 0;
 }
 
+// No cancellation of this thread while it lives (when `on`): for a lock or
+// flag held across a cancellation point (an open, a read, a sleep). The
+// library is built without exceptions, so a cancellation that unwinds it
+// runs none of its destructors and would leave such a lock taken for good.
+// A cancellation requested meanwhile acts at the thread's next cancellation
+// point.
+class NoCancel {
+ public:
+  explicit NoCancel(bool on = true) : on_(on) {
+    if (on_) pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old_);
+  }
+  ~NoCancel() {
+    if (on_) pthread_setcancelstate(old_, nullptr);
+  }
+  NoCancel(const NoCancel&) = delete;
+  NoCancel& operator=(const NoCancel&) = delete;
+
+ private:
+  bool on_;
+  int old_ = 0;
+};
+
 }  // namespace monarch
 
 // The real functions, resolved once with dlsym(RTLD_NEXT, ...) (real.cpp).
@@ -132,4 +155,6 @@ namespace monarch::real {
 #undef MONARCH_READ
 #undef MONARCH_ON_FD
 void resolve();
+// Is the process's C library glibc? (musl has no gnu_get_libc_version.)
+bool libc_is_glibc();
 }  // namespace monarch::real

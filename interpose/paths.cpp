@@ -18,7 +18,7 @@ class Walk {
     if (path[0] != '/') {
       if (cwd.empty() || cwd[0] != '/' || cwd.size() >= PATH_MAX) return {};
       while (cwd.size() > 1 && cwd.back() == '/') cwd.remove_suffix(1);
-      if (cwd != "/") append(cwd.substr(1));
+      if (cwd != "/") append(std::string_view(cwd.data() + 1, cwd.size() - 1));
       if (!settle()) return {Where::kUnsure};
     }
     bool trailing = path.back() == '/';
@@ -74,7 +74,7 @@ class Walk {
     while (at < path.size() && path[at] == '/') ++at;
     size_t end = path.find('/', at);
     if (end == std::string_view::npos) end = path.size();
-    std::string_view c = path.substr(at, end - at);
+    std::string_view c(path.data() + at, end - at);  // not substr: its check throws
     at = end;
     return c;
   }

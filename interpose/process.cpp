@@ -161,6 +161,7 @@ JobMap* load_map() {
     }
     return P.map.load();
   }
+  NoCancel no_cancel;  // `loading` is held across opens and reads
   JobMap* result = P.map.load();
   // Until the first map is there (the stager indexes while the job starts),
   // look often: the job switches to copies within milliseconds of it. After,
@@ -425,12 +426,37 @@ bool init_process(const char* dataset, const char* job, bool log) {
 
 namespace {
 
+// What pthread_atfork calls in glibc (whose pthread_atfork is a static stub
+// in libc_nonshared.a), with the library's handle. Weak: musl has none.
+extern "C" int __register_atfork(void (*prepare)(), void (*parent)(), void (*child)(), void* dso)
+    __attribute__((weak));
+extern "C" void* __dso_handle __attribute__((weak));
+
+// A C library other than glibc (musl): the handlers are written for glibc's
+// symbols, FILE and stat family. Monarch stays off in such a process, which
+// reads from the PFS, and says so in one line where it was asked for.
+void refuse_other_libc(const char* dataset) {
+  if (!dataset || !*dataset) return;
+  char exe[256];
+  ssize_t n = real::readlink ? real::readlink("/proc/self/exe", exe, sizeof exe - 1) : -1;
+  exe[n > 0 ? n : 0] = 0;
+  char line[512];
+  int len = std::snprintf(line, sizeof line,
+                          "monarch: %s (pid %d) does not use glibc (a musl program?): it reads "
+                          "%s from the PFS\n",
+                          *exe ? exe : "this program", int(real_pid()), dataset);
+  if (len > int(sizeof line) - 1) len = int(sizeof line) - 1, line[len - 1] = '\n';
+  (void)!syscall(SYS_write, 2, line, len);
+}
+
 __attribute__((constructor)) void init() {
   real::resolve();
+  if (!real::libc_is_glibc()) return refuse_other_libc(getenv(kEnvDataset));
   const char* log = getenv(kEnvLog);
   if (!init_process(getenv(kEnvDataset), getenv(kEnvJobDir), log && *log && std::strcmp(log, "0")))
     return;
-  pthread_atfork(nullptr, after_fork_parent, after_fork_child);
+  if (__register_atfork)
+    __register_atfork(nullptr, after_fork_parent, after_fork_child, __dso_handle);
   adopt_inherited();
 }
 

@@ -70,20 +70,23 @@ ssize_t read_local(FdEntry* e, Pass<ssize_t> pass) {
 
 // The position a read starts at, and, for read(), the move of the offset once
 // it is done. Holds the entry's lock for read(): threads of this process
-// sharing the descriptor number see reads one after the other.
+// sharing the descriptor number see reads one after the other, and the
+// thread is not cancelled meanwhile (NoCancel).
 class Position {
  public:
   Position(int fd, FdEntry* e, off_t off, bool positional)
-      : fd_(fd), e_(e), positional_(positional) {
+      : fd_(fd), e_(e), positional_(positional), no_cancel_(!positional) {
     if (positional) {
       pos_ = off;
     } else {
       // No signal handler may read this descriptor between the offset read
       // here and the one written back: a read() is one step, as in the kernel.
+      // (sigprocmask sets the calling thread's mask, as pthread_sigmask does,
+      // whose default version is glibc 2.32's.)
       sigset_t all;
       sigfillset(&all);
       for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP}) sigdelset(&all, s);
-      pthread_sigmask(SIG_BLOCK, &all, &saved_);
+      sigprocmask(SIG_BLOCK, &all, &saved_);
       while (e->lock.test_and_set(std::memory_order_acquire)) sched_yield();
       locked_ = true;
       pos_ = real::lseek(fd, 0, SEEK_CUR);
@@ -92,7 +95,7 @@ class Position {
   ~Position() {
     if (!locked_) return;
     e_->lock.clear(std::memory_order_release);
-    pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
+    sigprocmask(SIG_SETMASK, &saved_, nullptr);
   }
   bool ok() const { return pos_ >= 0; }
   uint64_t at() const { return uint64_t(pos_); }
@@ -107,6 +110,7 @@ class Position {
   bool positional_, locked_ = false;
   off_t pos_;
   sigset_t saved_;
+  NoCancel no_cancel_;
 };
 
 // Copies [pos, size) of `data` into the caller's vector, as far as it goes,

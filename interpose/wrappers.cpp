@@ -12,8 +12,6 @@
 #include <sys/time.h>
 #include <utime.h>
 
-#include <cxxabi.h>
-
 #include <type_traits>
 
 #include "fdtable.h"
@@ -26,8 +24,11 @@ using monarch::Pass;
 using monarch::PassFd;
 
 namespace {
-// The wrapper's body: skip Monarch when re-entered, never let an exception out.
-// A function with no real counterpart fails with ENOSYS.
+// The wrapper's body: skip Monarch when re-entered. A function with no real
+// counterpart fails with ENOSYS. Built without exceptions (CMakeLists.txt):
+// the handlers throw none, and a thread's cancellation unwinds through here
+// without running Monarch's destructors, so no handler holds a lock across a
+// cancellation point (read.cpp's Position turns cancellation off meanwhile).
 template <typename R, typename Fn, typename Handler>
 R serve(bool have_real, Fn& fn, Handler handler) {
   if (!have_real) {
@@ -43,13 +44,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
   struct Leave {
     ~Leave() { monarch::leave(); }
   } leave;
-  try {
-    return handler();
-  } catch (abi::__forced_unwind&) {
-    throw;  // pthread_cancel and pthread_exit unwind through here: let them
-  } catch (...) {
-    return fn();
-  }
+  return handler();
 }
 }  // namespace
 

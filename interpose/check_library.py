@@ -1,0 +1,70 @@
+"""Holds the built preload library to what lets it load into any userland a
+job brings (interpose/CMakeLists.txt says why each rule):
+  - no glibc symbol version above the floor (the loader refuses a library
+    that needs one its libc lacks: every program of the job exits 1);
+  - no library needed but libc.so.6 and libdl.so.2 (musl's loader answers
+    those names itself; any other one it cannot find makes every musl
+    program exit 127);
+  - exports exactly the wrappers of wrappers.def.
+Runs after each link of the library and as a test.
+Usage: check_library.py LIBRARY WRAPPERS_DEF FLOOR"""
+import re
+import subprocess
+import sys
+
+ALLOWED_NEEDED = {"libc.so.6", "libdl.so.2"}
+
+
+def version_key(v):
+    return tuple(int(x) for x in v.split("."))
+
+
+def main():
+    lib, wrappers_def, floor = sys.argv[1], sys.argv[2], sys.argv[3]
+    problems = []
+
+    # The versions the loader checks: the library's version references.
+    dump = subprocess.run(["objdump", "-p", lib], capture_output=True, text=True,
+                          check=True).stdout
+    needed = re.findall(r"^\s+NEEDED\s+(\S+)$", dump, re.M)
+    versions = set(re.findall(r"^\s+0x[0-9a-f]+ 0x[0-9a-f]+ \d+ GLIBC_([0-9.]+)$", dump, re.M))
+    above = sorted((v for v in versions if version_key(v) > version_key(floor)), key=version_key)
+    if above:
+        symbols = subprocess.run(["objdump", "-T", lib], capture_output=True, text=True,
+                                 check=True).stdout
+        for v in above:
+            users = sorted(set(re.findall(r"\(GLIBC_%s\)\s+(\S+)$" % re.escape(v), symbols, re.M)))
+            problems.append(f"needs GLIBC_{v} (above the floor GLIBC_{floor}) for "
+                            f"{', '.join(users) or 'an unnamed symbol'}")
+    other = sorted(set(needed) - ALLOWED_NEEDED)
+    if other:
+        problems.append(f"needs {', '.join(other)}: only {', '.join(sorted(ALLOWED_NEEDED))} "
+                        f"may be needed")
+
+    # Exports: exactly the wrappers (MONARCH_OPEN names its function first,
+    # the other kinds second, after the return type).
+    text = open(wrappers_def).read()
+    wrappers = set(re.findall(r"^MONARCH_OPEN\((\w+),", text, re.M))
+    wrappers |= set(re.findall(r"^MONARCH_(?:WRAP|VARIADIC|READ|ON_FD)\([^,]+,\s*(\w+),", text,
+                               re.M))
+    defined = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True,
+                             check=True).stdout
+    exported = {line.split()[2].split("@")[0] for line in defined.splitlines()
+                if len(line.split()) == 3}
+    if exported - wrappers:
+        problems.append(f"exports what wrappers.def does not wrap: "
+                        f"{', '.join(sorted(exported - wrappers))}")
+    if wrappers - exported:
+        problems.append(f"does not export wrappers of wrappers.def: "
+                        f"{', '.join(sorted(wrappers - exported))}")
+
+    if problems:
+        for p in problems:
+            print(f"check_library: {lib}: {p}", file=sys.stderr)
+        sys.exit(1)
+    top = max(versions, key=version_key) if versions else "none"
+    print(f"check_library: ok: {len(exported)} wrappers exported; needs {', '.join(needed)}; "
+          f"highest glibc version GLIBC_{top} (floor GLIBC_{floor})")
+
+
+main()
