@@ -6,8 +6,10 @@ job brings (interpose/CMakeLists.txt says why each rule):
     those names itself; any other one it cannot find makes every musl
     program exit 127);
   - exports exactly the wrappers of wrappers.def.
-Runs after each link of the library and as a test.
-Usage: check_library.py LIBRARY WRAPPERS_DEF FLOOR"""
+Runs after each link of the library (with --remove: a library that fails is
+removed, so that the next build links and checks it again) and as a test.
+Usage: check_library.py [--remove] LIBRARY WRAPPERS_DEF FLOOR"""
+import os
 import re
 import subprocess
 import sys
@@ -20,7 +22,9 @@ def version_key(v):
 
 
 def main():
-    lib, wrappers_def, floor = sys.argv[1], sys.argv[2], sys.argv[3]
+    args = sys.argv[1:]
+    remove = args[:1] == ["--remove"]
+    lib, wrappers_def, floor = args[1:] if remove else args
     problems = []
 
     # The versions the loader checks: the library's version references.
@@ -61,6 +65,8 @@ def main():
     if problems:
         for p in problems:
             print(f"check_library: {lib}: {p}", file=sys.stderr)
+        if remove:
+            os.unlink(lib)
         sys.exit(1)
     top = max(versions, key=version_key) if versions else "none"
     print(f"check_library: ok: {len(exported)} wrappers exported; needs {', '.join(needed)}; "

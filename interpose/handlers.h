@@ -17,6 +17,12 @@
 
 namespace monarch {
 
+namespace real {
+// pthread_testcancel, or null: looked up, not linked (before glibc 2.34 it is
+// in libpthread, which a program without threads does not load).
+extern void (*testcancel)();
+}  // namespace real
+
 // A borrowed callable that performs the original call. Lives only during the call.
 template <typename R, typename... A>
 class PassOf {
@@ -120,11 +126,15 @@ inline void leave() {
 // library is built without exceptions, so a cancellation that unwinds it
 // runs none of its destructors and would leave such a lock taken for good.
 // A cancellation requested meanwhile acts at the thread's next cancellation
-// point.
+// point; with `entry`, the scope is the call's own (a read()), and one
+// already pending acts first, as at the start of the real call (a thread
+// that only reads would otherwise never be cancelled).
 class NoCancel {
  public:
-  explicit NoCancel(bool on = true) : on_(on) {
-    if (on_) pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old_);
+  explicit NoCancel(bool on = true, bool entry = false) : on_(on) {
+    if (!on_) return;
+    if (entry && real::testcancel) real::testcancel();
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old_);
   }
   ~NoCancel() {
     if (on_) pthread_setcancelstate(old_, nullptr);

@@ -75,7 +75,7 @@ ssize_t read_local(FdEntry* e, Pass<ssize_t> pass) {
 class Position {
  public:
   Position(int fd, FdEntry* e, off_t off, bool positional)
-      : fd_(fd), e_(e), positional_(positional), no_cancel_(!positional) {
+      : fd_(fd), e_(e), positional_(positional), no_cancel_(!positional, true) {
     if (positional) {
       pos_ = off;
     } else {

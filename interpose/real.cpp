@@ -45,6 +45,7 @@ namespace monarch::real {
 #undef MONARCH_VARIADIC
 #undef MONARCH_READ
 #undef MONARCH_ON_FD
+void (*testcancel)() = nullptr;
 
 namespace {
 // The real functions an older C library lacks, which Monarch itself calls
@@ -112,6 +113,7 @@ void* find(const char* name, Dlvsym vsym) {
 
 void resolve() {
   Dlvsym vsym = reinterpret_cast<Dlvsym>(dlsym(RTLD_DEFAULT, "dlvsym"));
+  testcancel = reinterpret_cast<void (*)()>(dlsym(RTLD_DEFAULT, "pthread_testcancel"));
 #define MONARCH_RESOLVE(name) name = reinterpret_cast<decltype(name)>(find(#name, vsym));
 #define MONARCH_OPEN(name, params, args, dirfd) MONARCH_RESOLVE(name)
 #define MONARCH_WRAP(ret, name, params, args, handler) MONARCH_RESOLVE(name)

@@ -1,0 +1,64 @@
+#!/usr/bin/python3
+"""CTest fixture: the root file systems the container tests enter, made with
+debootstrap from the Debian archive this machine installs from, once: cached
+outside the build tree (MONARCH_ROOTFS_CACHE, default
+/var/cache/monarch-tests/rootfs) and reused by every later run and build.
+A root is complete when its stamp (written last) holds the arguments it was
+made with; a missing, incomplete or differently made one is made again.
+Usage: rootfs.py [SUITE...]   (default: every suite of SUITES)"""
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+# Debian 11 (glibc 2.31) and 12 (glibc 2.36): an older glibc than the build's, and the same.
+SUITES = ("bullseye", "bookworm")
+INCLUDE = "python3"
+CACHE = os.environ.get("MONARCH_ROOTFS_CACHE", "/var/cache/monarch-tests/rootfs")
+SOURCES = "/etc/apt/sources.list.d/debian.sources"
+
+
+def path(suite):
+    return os.path.join(CACHE, suite)
+
+
+def mirror():
+    """The first URIs of the deb822 sources apt uses here (Debian 12's format)."""
+    with open(SOURCES) as f:
+        m = re.search(r"^URIs:\s*(\S+)", f.read(), re.M)
+    if not m:
+        sys.exit(f"rootfs: no URIs line in {SOURCES}: cannot tell which Debian mirror to use")
+    return m.group(1)
+
+
+def make(suite):
+    root, stamp = path(suite), path(suite) + ".stamp"
+    args = ["debootstrap", "--variant=minbase", f"--include={INCLUDE}", suite, root, mirror()]
+    want = " ".join(args) + "\n"
+    os.makedirs(CACHE, exist_ok=True)
+    with open(path(suite) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run (another build tree) may be making it
+        if os.path.isdir(root) and os.path.exists(stamp) and open(stamp).read() == want:
+            print(f"rootfs: {suite}: cached at {root}")
+            return
+        if os.path.exists(stamp):
+            os.unlink(stamp)
+        shutil.rmtree(root, ignore_errors=True)
+        start = time.monotonic()
+        p = subprocess.run(args, capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"rootfs: {' '.join(args)} exited {p.returncode}:\n{p.stdout[-3000:]}"
+                     f"{p.stderr[-3000:]}")
+        with open(stamp + ".new", "w") as f:
+            f.write(want)
+        os.rename(stamp + ".new", stamp)
+        du = subprocess.run(["du", "-sm", root], capture_output=True, text=True).stdout.split()[0]
+        print(f"rootfs: {suite}: made in {time.monotonic() - start:.0f} s ({du} MiB) at {root}")
+
+
+if __name__ == "__main__":
+    for s in sys.argv[1:] or SUITES:
+        make(s)
