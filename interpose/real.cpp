@@ -20,9 +20,9 @@
 #include "handlers.h"
 
 // The first version of glibc's symbols on this architecture, which every
-// glibc since has. dlsym and dlvsym are bound to it: glibc 2.34 gave them
-// a new default version (GLIBC_2.34) that an older glibc lacks, and a
-// library that asks for it is refused by the loader.
+// glibc since has. dlsym is bound to it: glibc 2.34 gave it a new default
+// version (GLIBC_2.34) that an older glibc lacks, and the loader refuses a
+// library that asks for a version its glibc lacks.
 #if defined(__x86_64__)
 #define MONARCH_GLIBC_BASE "GLIBC_2.2.5"
 #elif defined(__aarch64__)
