@@ -101,6 +101,9 @@ class Userland:
                              f"epoch {e + 1} in {self.suite} reached the PFS\n{summary}")
         share = re.search(r"served from node-local tiers: ([0-9.]+)% of the bytes read", summary)
         self.assertTrue(share and float(share.group(1)) > 60, summary)
+        print(f"{self.suite}: PFS opens, reads, bytes by epoch "
+              f"{[(x['opens'], x['reads'], x['bytes']) for x in d]}; "
+              f"served from the tier {share.group(1)}% of the bytes read", flush=True)
 
 
 class Bullseye(Userland, Case):
