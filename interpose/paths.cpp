@@ -11,7 +11,7 @@ namespace {
 // of the directory reached so far (without a trailing '/'; "" is "/").
 class Walk {
  public:
-  Walk(const JobMap& m) : m_(m), root_(m.root()), real_(m.real_root()) {}
+  Walk(const JobMap& m, const Views& v) : m_(m), v_(v) {}
 
   Resolved run(std::string_view path, std::string_view cwd) {
     if (path.empty() || path.size() >= PATH_MAX) return {};
@@ -40,7 +40,7 @@ class Walk {
         if (n_ > base_) {
           pop();  // an indexed directory: a real one, whose parent is the lexical one
         } else if (via_real_) {
-          // The root reached by its real path: its parent is the lexical one too.
+          // The root reached by a physical view: its parent is the lexical one too.
           inside_ = false;
           physical_ = true;
           pop();
@@ -103,30 +103,36 @@ class Walk {
   // returns so that a caller may stop.)
   bool enter() {
     std::string_view a = abs();
-    if (a == real_ || a == root_) {
+    for (int i = 0; i < v_.n; ++i) {
+      if (a != v_.v[i].path) continue;
       inside_ = true;
-      via_real_ = a == real_;
+      via_real_ = v_.v[i].physical;
       base_ = n_;
+      if (via_real_) break;  // a physical one wins: ".." from it is exact
     }
     return true;
   }
 
   // A relative path starts in the physical current directory: it may already
-  // be inside the dataset, in a directory the index must know.
+  // be inside the dataset (below a physical view), in a directory the index
+  // must know.
   bool settle() {
     std::string_view a = abs();
-    if (a.size() > real_.size() && a.compare(0, real_.size(), real_) == 0 &&
-        a[real_.size()] == '/') {
-      inside_ = via_real_ = true;
-      base_ = real_.size();
-      return dir(rel()) >= 0;
+    for (int i = 0; i < v_.n; ++i) {
+      std::string_view real = v_.v[i].path;
+      if (v_.v[i].physical && a.size() > real.size() && a.compare(0, real.size(), real) == 0 &&
+          a[real.size()] == '/') {
+        inside_ = via_real_ = true;
+        base_ = real.size();
+        return dir(rel()) >= 0;
+      }
     }
     enter();
     return true;
   }
 
   const JobMap& m_;
-  std::string_view root_, real_;
+  const Views& v_;
   char abs_[2 * PATH_MAX + 2];
   size_t n_ = 0;
   size_t base_ = 0;       // inside: length of abs_ at the dataset root
@@ -137,8 +143,9 @@ class Walk {
 
 }  // namespace
 
-Resolved resolve(const JobMap& m, std::string_view path, std::string_view cwd) {
-  return Walk(m).run(path, cwd);
+Resolved resolve(const JobMap& m, const Views& views, std::string_view path,
+                 std::string_view cwd) {
+  return Walk(m, views).run(path, cwd);
 }
 
 }  // namespace monarch

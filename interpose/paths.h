@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "jobmap.h"
+#include "views.h"
 
 namespace monarch {
 
@@ -31,9 +32,11 @@ struct Resolved {
 };
 inline constexpr uint32_t kRoot = 0xffffffff;  // Resolved::id of the dataset root
 
-// Resolves `path`. `cwd` is the physical directory a relative path starts
+// Resolves `path` in a namespace where the dataset root is reached by the
+// paths `views`. `cwd` is the physical directory a relative path starts
 // from (getcwd's answer, or a directory descriptor's /proc path); empty when
 // unknown, which makes a relative path kOutside.
-Resolved resolve(const JobMap& m, std::string_view path, std::string_view cwd);
+Resolved resolve(const JobMap& m, const Views& views, std::string_view path,
+                 std::string_view cwd);
 
 }  // namespace monarch

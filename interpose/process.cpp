@@ -34,18 +34,21 @@ void update_cwd_hint() {
     P.cwd_related = true;  // unknown: resolve relative paths each time (getcwd decides)
     return;
   }
-  size_t n = std::strlen(cwd), rl = P.real_len.load();
-  bool related = std::strcmp(cwd, "/") == 0 || has_prefix(cwd, P.root, P.root_len) ||
-                 has_prefix(P.root, cwd, n) ||
-                 (rl && (has_prefix(cwd, P.real_root, rl) || has_prefix(P.real_root, cwd, n)));
+  size_t n = std::strlen(cwd);
+  const Located& l = located();
+  bool related = std::strcmp(cwd, "/") == 0;
+  for (int i = 0; i < l.views; ++i)
+    related |= has_prefix(cwd, l.view[i], l.len[i]) || has_prefix(l.view[i], cwd, n);
   // Until the map is loaded the real root is unknown: stay pessimistic.
-  P.cwd_related = related || !rl;
+  P.cwd_related = related || !P.map.load();
 }
 
 void find_ancestors() {
   int n = 0;
-  for (const char* root : {P.root, P.real_root}) {
-    size_t len = std::strlen(root);
+  const Located& l = located();
+  for (int v = 0; v < l.views; ++v) {
+    const char* root = l.view[v];
+    size_t len = l.len[v];
     char prefix[kPathMax];
     for (size_t i = 1; i <= len && n < Process::kAncestors - 1; ++i) {
       if (i < len && root[i] != '/') continue;
@@ -100,50 +103,130 @@ void writers_already_open(JobMap* m) {
 // (made lexically clean): a job directory reached through a symbolic link
 // is judged by that link's path. Called under P.loading.
 bool job_dir_on_fuse() {
-  static char buf[16384];
-  int fd = real::open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
   const char* job = P.job_mount_path;
-  size_t have = 0, best = 0, jlen = std::strlen(job);
-  bool fuse = false, below = false, unsure = false;
-  for (;;) {
-    ssize_t n = real::read(fd, buf + have, sizeof buf - 1 - have);
-    if (n <= 0) break;
-    have += size_t(n);
-    buf[have] = 0;
-    char* line = buf;
-    for (char* nl; (nl = std::strchr(line, '\n')); line = nl + 1) {
-      *nl = 0;
-      // id parent major:minor root MOUNTPOINT options [optional...] - FSTYPE ...
-      char mp[kPathMax];
-      size_t m = 0;
-      const char* p = line;
-      for (int field = 0; field < 4 && p; ++field)
-        if ((p = std::strchr(p, ' '))) ++p;
-      const char* dash = p ? std::strstr(p, " - ") : nullptr;
-      if (!dash) continue;
-      for (; *p && *p != ' ' && m + 1 < sizeof mp; ++p) {
-        if (p[0] == '\\' && p[1] >= '0' && p[1] <= '7' && p[2] && p[3]) {  // \040: a space
-          mp[m++] = char((p[1] - '0') * 64 + (p[2] - '0') * 8 + (p[3] - '0'));
-          p += 3;
-        } else {
-          mp[m++] = *p;
-        }
-      }
-      mp[m] = 0;
-      bool is_fuse = std::strncmp(dash + 3, "fuse", 4) == 0;
-      if (std::strcmp(mp, "/") == 0 || has_prefix(job, mp, m)) {
-        if (m >= best) best = m, fuse = is_fuse;  // the deepest; the last of equals is on top
-      } else if (is_fuse && has_prefix(mp, job, jlen)) {
-        below = true;
-      }
+  size_t best = 0, jlen = std::strlen(job);
+  bool fuse = false, below = false;
+  bool whole = for_each_mount([&](const Mount& m) {
+    bool is_fuse = m.type.starts_with("fuse");
+    const char* mp = m.point.data();  // NUL-terminated: parse_mount cut the line there
+    size_t len = m.point.size();
+    if (m.point == "/" || has_prefix(job, mp, len)) {
+      if (len >= best) best = len, fuse = is_fuse;  // the deepest; the last of equals is on top
+    } else if (is_fuse && has_prefix(mp, job, jlen)) {
+      below = true;
     }
-    have = size_t(buf + have - line);
-    std::memmove(buf, line, have);
-    if (have >= sizeof buf - 1) have = 0, unsure = true;  // a line longer than the buffer
+  });
+  return fuse || below || !whole;  // a line too long to read counts as such a mount
+}
+
+// Is `path` the directory (dev, ino)?
+bool same_dir(const char* path, uint64_t dev, uint64_t ino) {
+  struct stat st;
+  return *path && real::stat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
+         uint64_t(st.st_dev) == dev && uint64_t(st.st_ino) == ino;
+}
+
+// No symbolic link on `path` (absolute): the kernel's ".." from it is its lexical parent.
+bool no_links(const char* path) {
+  char prefix[kPathMax];
+  size_t len = std::strlen(path);
+  if (len >= sizeof prefix) return false;
+  for (size_t i = 1; i <= len; ++i) {
+    if (i < len && path[i] != '/') continue;
+    std::memcpy(prefix, path, i);
+    prefix[i] = 0;
+    struct stat st;
+    if (real::lstat(prefix, &st) != 0 || S_ISLNK(st.st_mode)) return false;
   }
-  real::close(fd);
-  return fuse || below || unsure;
+  return true;
+}
+
+// Memory for a Located, from the kernel: never freed (a published one may be
+// in use by another thread), one per map adopted.
+Located* new_located() {
+  void* mem = real::mmap(nullptr, sizeof(Located), PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return mem == MAP_FAILED ? nullptr : new (mem) Located{};
+}
+
+// Adds `path` as a view if it reaches the root of `m` and is not one yet.
+void add_view(Located& l, const JobMap& m, std::string_view path) {
+  if (l.views >= kViews || path.empty() || path.size() >= kPathMax) return;
+  char p[kPathMax];
+  std::memcpy(p, path.data(), path.size());
+  p[path.size()] = 0;
+  for (int i = 0; i < l.views; ++i)
+    if (std::strcmp(l.view[i], p) == 0) return;
+  if (!same_dir(p, m.root_dev(), m.root_ino())) return;
+  int i = l.views++;
+  std::memcpy(l.view[i], p, path.size() + 1);
+  l.len[i] = path.size();
+  l.physical[i] = no_links(p);
+  if (l.physical[i] && !l.physical[l.pfs]) l.pfs = i;
+}
+
+// Tier t's job directory as this process sees it: `given` (the environment's),
+// the map's path, or where mountinfo shows the tier's file system.
+void find_tier(Located& l, const JobMap& m, uint32_t t, const char* given) {
+  uint64_t dev = m.tier_dev(t), ino = m.tier_ino(t);
+  auto take = [&](std::string_view path) {
+    if (l.tier[t][0] || path.empty() || path.size() >= kPathMax) return;
+    char p[kPathMax];
+    std::memcpy(p, path.data(), path.size());
+    p[path.size()] = 0;
+    if (same_dir(p, dev, ino)) std::memcpy(l.tier[t], p, path.size() + 1);
+  };
+  if (given) take(given);
+  take(m.tier_dir(t));
+  if (!l.tier[t][0])
+    for_each_mount([&](const Mount& mt) { mount_candidates(mt, dev, m.tier_dir(t), take); });
+}
+
+// The i-th entry of a colon-separated list, or null.
+const char* list_entry(const char* list, uint32_t i, char* out, size_t cap) {
+  for (uint32_t at = 0; list; ++at) {
+    const char* end = std::strchr(list, ':');
+    size_t n = end ? size_t(end - list) : std::strlen(list);
+    if (at == i) {
+      if (n == 0 || n >= cap) return nullptr;
+      std::memcpy(out, list, n);
+      out[n] = 0;
+      return out;
+    }
+    list = end ? end + 1 : nullptr;
+  }
+  return nullptr;
+}
+
+// Where the dataset of `m` and its tiers are in this namespace.
+const Located* locate(const JobMap& m) {
+  Located* l = new_located();
+  if (!l) return nullptr;
+  add_view(*l, m, {P.root, P.root_len});
+  add_view(*l, m, m.root());
+  add_view(*l, m, m.real_root());
+  for_each_mount([&](const Mount& mt) {
+    mount_candidates(mt, m.root_dev(), m.real_root(),
+                     [&](std::string_view c) { add_view(*l, m, c); });
+  });
+  for (uint32_t t = 0; t < m.tiers() && t < uint32_t(kMapTiers); ++t)
+    find_tier(*l, m, t, t == 0 ? P.job_dir : P.job_dirs[t]);
+  return l;
+}
+
+// What a container hides from this process, said once per process: the
+// reads it concerns go to the PFS.
+void say_hidden(const JobMap& m, const Located& l) {
+  if (P.hidden_noted.exchange(1)) return;
+  if (l.views == 0)
+    say("monarch: the dataset %s is not visible in this process as a whole (a container that "
+        "mounts a part of it?): its files are read from the PFS",
+        m.root());
+  for (uint32_t t = 0; t < m.tiers(); ++t)
+    if (!l.tier[t][0])
+      say("monarch: the job directory %s is not visible in this process (a container that does "
+          "not mount it?): copies there are read from the PFS instead",
+          m.tier_dir(t));
 }
 
 JobMap* load_map() {
@@ -199,15 +282,18 @@ JobMap* load_map() {
     if (base != MAP_FAILED) {
       auto* m = new (mem) JobMap(base, st.st_size);
       std::string_view why = m->why();
-      if (why.empty() && std::strcmp(m->root(), P.root) != 0) why = "another dataset";
+      // The dataset as given, by its path string or by what it is.
+      if (why.empty() && std::strcmp(m->root(), P.root) != 0 &&
+          !same_dir(P.root, m->root_dev(), m->root_ino()))
+        why = "another dataset";
+      const Located* l = why.empty() ? locate(*m) : nullptr;
+      if (why.empty() && !l) why = "no memory";
       if (why.empty()) {
         // Maps are never unmapped: descriptors opened under an older one still use it.
-        size_t n = std::strlen(m->real_root());
-        std::memcpy(P.real_root, m->real_root(), n + 1);
-        P.real_differs = std::strcmp(P.real_root, P.root) != 0;
-        P.real_len = n;  // last: a reader that sees it sees the two above
+        P.located = l;
         P.index_ino = st.st_ino;
         P.map = m;
+        P.seeking = false;
         result = m;
         if (owner()) {
           update_cwd_hint();  // the real root is known now
@@ -215,6 +301,9 @@ JobMap* load_map() {
           writers_already_open(m);
         }
         note("using the job map of %s (%llu files)", P.root, (unsigned long long)m->size());
+        for (int i = 0; i < l->views; ++i)
+          note("the dataset is at %s here%s", l->view[i], l->physical[i] ? "" : " (through a link)");
+        say_hidden(*m, *l);
       } else {
         note("ignoring %s: %.*s; reading from the PFS", path, int(why.size()), why.data());
         munmap(base, st.st_size);
@@ -313,9 +402,10 @@ bool names_a_copy(int fd, JobMap*& m, uint32_t& file, uint32_t& tier) {
   static constexpr char kDeleted[] = " (deleted)";
   if (size_t(n) > sizeof kDeleted && std::strcmp(target + n - (sizeof kDeleted - 1), kDeleted) == 0)
     target[n - (sizeof kDeleted - 1)] = 0;
+  const Located& l = located();
   for (uint32_t t = 0; t < m->tiers(); ++t) {
-    size_t len = std::strlen(m->tier_dir(t));
-    if (std::strncmp(target, m->tier_dir(t), len) != 0 ||
+    size_t len = std::strlen(l.tier[t]);
+    if (!len || std::strncmp(target, l.tier[t], len) != 0 ||
         std::strncmp(target + len, "/data/", 6) != 0)
       continue;
     int64_t f = m->find(target + len + 6);
@@ -340,19 +430,51 @@ void reload_map() {
   load_map();
 }
 
-void note(const char* fmt, ...) {
-  if (!P.log) return;
+namespace {
+
+void write_line(const char* prefix, const char* fmt, va_list ap) {
   int saved = errno;
-  char buf[512];
-  int n = std::snprintf(buf, sizeof buf, "monarch[%d]: ", int(P.pid.load()));
-  va_list ap;
-  va_start(ap, fmt);
+  char buf[1024];
+  int n = std::snprintf(buf, sizeof buf, "%s", prefix);
   n += std::vsnprintf(buf + n, sizeof buf - n, fmt, ap);
-  va_end(ap);
   if (n > int(sizeof buf) - 2) n = sizeof buf - 2;
   buf[n++] = '\n';
   (void)!syscall(SYS_write, 2, buf, n);
   errno = saved;
+}
+
+}  // namespace
+
+void note(const char* fmt, ...) {
+  if (!P.log) return;
+  char prefix[32];
+  std::snprintf(prefix, sizeof prefix, "monarch[%d]: ", int(P.pid.load()));
+  va_list ap;
+  va_start(ap, fmt);
+  write_line(prefix, fmt, ap);
+  va_end(ap);
+}
+
+void say(const char* fmt, ...) {
+  if (P.quiet) return;
+  P.said = true;
+  va_list ap;
+  va_start(ap, fmt);
+  write_line("", fmt, ap);
+  va_end(ap);
+}
+
+Views Located::as_views() const {
+  Views v;
+  for (int i = 0; i < views; ++i) v.v[v.n++] = {std::string_view(view[i], len[i]), physical[i]};
+  return v;
+}
+
+void seek_map() {
+  uint64_t now = monotonic_ns();
+  if (now < P.next_seek_ns.load(std::memory_order_relaxed)) return;
+  P.next_seek_ns = now + 50'000'000;
+  current_map();
 }
 
 Resolved where(int dirfd, const char* path, JobMap*& m, bool any_dirfd) {
@@ -377,7 +499,7 @@ Resolved where(int dirfd, const char* path, JobMap*& m, bool any_dirfd) {
     base = std::string_view(cwd, size_t(n));
     if (base.ends_with(" (deleted)")) return {};
   }
-  return resolve(*m, path, base);
+  return resolve(*m, located().as_views(), path, base);
 }
 
 int on_process_change(Pass<int> pass) {
@@ -393,7 +515,32 @@ void on_chdir_done() {
   if (P.enabled && owner()) update_cwd_hint();
 }
 
-bool init_process(const char* dataset, const char* job, bool log) {
+namespace {
+
+// The job directory as this process sees it: `job` itself, or where a mount
+// shows the directory of that name (a container that binds it elsewhere).
+// Its identity is checked when the map is adopted (tier 0's).
+bool find_job_dir(const char* job) {
+  struct stat st;
+  if (real::stat(job, &st) == 0) return true;
+  bool found = false;
+  for_each_mount([&](const Mount& m) {
+    size_t n = std::strlen(P.job_name);
+    if (found || m.root.size() <= n || !m.root.ends_with(P.job_name) ||
+        m.root[m.root.size() - n - 1] != '/' || m.point.size() >= sizeof P.job_dir)
+      return;
+    char point[kPathMax];
+    std::memcpy(point, m.point.data(), m.point.size());
+    point[m.point.size()] = 0;
+    if (real::stat(point, &st) == 0 && S_ISDIR(st.st_mode))
+      std::memcpy(P.job_dir, point, m.point.size() + 1), found = true;
+  });
+  return found;
+}
+
+}  // namespace
+
+bool init_process(const char* dataset, const char* job, bool log, const char* job_dirs) {
   P.pid = real_pid();
   P.log = log;
   if (!dataset || !*dataset || !job || !*job) return false;
@@ -404,11 +551,20 @@ bool init_process(const char* dataset, const char* job, bool log) {
   while (n > 1 && P.root[n - 1] == '/') P.root[--n] = 0;
   P.root_len = n;
   std::strcpy(P.job_dir, job);
+  const char* base = std::strrchr(job, '/');
+  std::strcpy(P.job_name, base ? base + 1 : job);
+  for (uint32_t t = 0; t < uint32_t(kMapTiers); ++t)
+    if (!list_entry(job_dirs, t, P.job_dirs[t], sizeof P.job_dirs[t])) P.job_dirs[t][0] = 0;
+  if (!find_job_dir(job)) {
+    say("monarch: the job directory %s is not visible in this process (a container that does not "
+        "mount it? see Containers in Monarch's README): %s is read from the PFS",
+        job, P.root);
+    return false;
+  }
+  job = P.job_dir;
   int jn = normalize_path(cwd, job, P.job_mount_path, sizeof P.job_mount_path);
   if (jn <= 0) std::strcpy(P.job_mount_path, job), jn = int(std::strlen(job));
   while (jn > 1 && P.job_mount_path[jn - 1] == '/') P.job_mount_path[--jn] = 0;
-  const char* base = std::strrchr(job, '/');
-  std::strcpy(P.job_name, base ? base + 1 : job);
   char sock[kPathMax + 16];
   std::snprintf(sock, sizeof sock, "%s/%s", job, kSocketName);
   if (std::strlen(sock) >= sizeof P.addr.sun_path) {
@@ -419,6 +575,14 @@ bool init_process(const char* dataset, const char* job, bool log) {
     std::strcpy(P.addr.sun_path, sock);
     P.addr_len = socklen_t(offsetof(sockaddr_un, sun_path) + std::strlen(sock) + 1);
   }
+  // Until a map tells where the dataset is, the root as given is its only view.
+  static Located given;
+  given = Located{};
+  std::memcpy(given.view[0], P.root, P.root_len + 1);
+  given.len[0] = P.root_len;
+  given.views = 1;
+  P.located = &given;
+  P.seeking = true;
   P.enabled = true;
   update_cwd_hint();
   return true;
@@ -440,24 +604,30 @@ void refuse_other_libc(const char* dataset) {
   char exe[256];
   ssize_t n = real::readlink ? real::readlink("/proc/self/exe", exe, sizeof exe - 1) : -1;
   exe[n > 0 ? n : 0] = 0;
-  char line[512];
-  int len = std::snprintf(line, sizeof line,
-                          "monarch: %s (pid %d) does not use glibc (a musl program?): it reads "
-                          "%s from the PFS\n",
-                          *exe ? exe : "this program", int(real_pid()), dataset);
-  if (len > int(sizeof line) - 1) len = int(sizeof line) - 1, line[len - 1] = '\n';
-  (void)!syscall(SYS_write, 2, line, len);
+  say("monarch: %s (pid %d) does not use glibc (a musl program?): it reads %s from the PFS",
+      *exe ? exe : "this program", int(real_pid()), dataset);
 }
 
 __attribute__((constructor)) void init() {
   real::resolve();
-  if (!real::libc_is_glibc()) return refuse_other_libc(getenv(kEnvDataset));
-  const char* log = getenv(kEnvLog);
-  if (!init_process(getenv(kEnvDataset), getenv(kEnvJobDir), log && *log && std::strcmp(log, "0")))
-    return;
-  if (__register_atfork)
-    __register_atfork(nullptr, after_fork_parent, after_fork_child, __dso_handle);
-  adopt_inherited();
+  // What say() prints once per task: in Slurm's task 0 (the others would
+  // repeat it), and not again in the programs it starts.
+  const char* rank = getenv("SLURM_PROCID");
+  P.quiet = (rank && std::strcmp(rank, "0") != 0) || getenv(kEnvSaid);
+  if (!real::libc_is_glibc()) {
+    refuse_other_libc(getenv(kEnvDataset));
+  } else {
+    const char* log = getenv(kEnvLog);
+    if (init_process(getenv(kEnvDataset), getenv(kEnvJobDir), log && *log && std::strcmp(log, "0"),
+                     getenv(kEnvJobDirs))) {
+      if (__register_atfork)
+        __register_atfork(nullptr, after_fork_parent, after_fork_child, __dso_handle);
+      adopt_inherited();
+    }
+  }
+  // Said: the programs this one starts need not say it again. (The
+  // constructor runs before the program, the only time setenv is safe here.)
+  if (P.said) setenv(kEnvSaid, "1", 1);
 }
 
 }  // namespace

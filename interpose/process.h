@@ -14,22 +14,43 @@
 
 #include "jobmap.h"
 #include "paths.h"
+#include "views.h"
 
 namespace monarch {
+
+// Where the dataset and the job's tiers are in this process's namespace
+// (views.h). Made whole before it is published, never changed after: a new
+// map brings a new one.
+struct Located {
+  int views;  // paths that reach the dataset root; the first is the root as given until a map
+  int pfs;    // the view the PFS is opened through (a physical one where there is one)
+  bool physical[kViews];
+  size_t len[kViews];
+  char view[kViews][kPathMax];
+  char tier[kMapTiers][kPathMax];  // each tier's job directory here; "" where it is not visible
+  Views as_views() const;
+};
 
 struct Process {
   bool enabled;  // the job's environment names a dataset and a job directory
   bool log;
+  bool quiet;  // say() says nothing: not Slurm's task 0, or an ancestor said it
+  bool said;
   // The process that owns this memory. A vfork child (Python's subprocess,
   // posix_spawn) runs in its parent's memory until it calls exec: it must
   // never change Monarch's state, which describes the parent's descriptors.
   std::atomic<pid_t> pid;
   char root[kPathMax];  // the dataset root as given, lexically normal
   size_t root_len;
-  char real_root[kPathMax];  // from the job map, once loaded
-  std::atomic<size_t> real_len;
-  std::atomic<bool> real_differs;  // real_root is not root: a path may start with either
+  std::atomic<const Located*> located;  // never null once init_process succeeded
+  // No map yet: the dataset's views are not known (a container may show
+  // the dataset at another path than the one given), so any absolute path
+  // may be the dataset's: opens look for the map, every 50 ms at most,
+  // until one is found.
+  std::atomic<bool> seeking;
+  std::atomic<uint64_t> next_seek_ns;
   char job_dir[kPathMax];
+  char job_dirs[kMapTiers][kPathMax];  // each tier's as the environment gives it ("": not given)
   char job_mount_path[kPathMax];  // job_dir made lexically clean, for /proc/self/mountinfo
   char job_name[kPathMax];        // "monarch-<key>", the name of the job's directory on every tier
   std::atomic<JobMap*> map;
@@ -38,6 +59,7 @@ struct Process {
   std::atomic<int> fuse_noted;   // the job directory on FUSE was said once
   std::atomic<int> owner_noted;  // a map not the user's own was said once
   ino_t index_ino;
+  std::atomic<int> hidden_noted;  // a tier or the dataset not visible here was said once
   sockaddr_un addr;
   socklen_t addr_len;
   // A hint: the current directory is in the dataset or above it. False makes
@@ -64,6 +86,9 @@ void reload_map();
 
 // Logs one line to stderr when MONARCH_LOG is set. Never changes errno.
 void note(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// Says one line to stderr whatever MONARCH_LOG says: why Monarch cannot
+// serve this process. Never changes errno.
+void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // Where `path`, relative to dirfd, leads, as the kernel would resolve it now.
 // With `any_dirfd` a path relative to a directory descriptor is resolved too
@@ -72,6 +97,13 @@ Resolved where(int dirfd, const char* path, JobMap*& m, bool any_dirfd = false);
 
 // After a successful chdir or fchdir: the current-directory hint again.
 void on_chdir_done();
+
+// The dataset root's views and the tiers' job directories here.
+inline const Located& located() {
+  return *P.located.load(std::memory_order_acquire);
+}
+// Looks for the job map (at most every 50 ms) while P.seeking.
+void seek_map();
 
 // Is `st` one of the directories or links the dataset root's path goes through?
 bool root_ancestor(const struct stat& st);
@@ -93,22 +125,28 @@ inline bool has_prefix(const char* path, const char* root, size_t len) {
 
 // True when `path` (relative to dirfd) cannot name a dataset file: what the
 // open wrappers test before anything else, so that other opens cost a prefix
-// comparison (two where the real root differs from the root as given). False
-// does not mean it is one. Inline: it is most of what an open outside the
+// comparison per view (one or two outside containers). False does not mean
+// it is one. Inline: it is most of what an open outside the
 // dataset costs.
 inline bool outside(int dirfd, const char* path) {
   if (!P.enabled || !path || !*path) return true;
   if (path[0] != '/')  // relative to a directory descriptor: not served
     return dirfd != AT_FDCWD ||
            (!P.cwd_related.load(std::memory_order_relaxed) && !std::strstr(path, ".."));
-  size_t rl = P.real_len.load(std::memory_order_acquire);  // real_root and real_differs with it
-  if (rl && (path[1] == 'p' || path[1] == 'd') && magic_fd(path) >= 0) return false;  // a copy?
-  return !has_prefix(path, P.root, P.root_len) &&
-         !(P.real_differs.load(std::memory_order_relaxed) && has_prefix(path, P.real_root, rl));
+  if (P.seeking.load(std::memory_order_relaxed)) seek_map();
+  const Located& l = located();
+  if (P.map.load(std::memory_order_relaxed) && (path[1] == 'p' || path[1] == 'd') &&
+      magic_fd(path) >= 0)
+    return false;  // a copy?
+  for (int i = 0; i < l.views; ++i)
+    if (has_prefix(path, l.view[i], l.len[i])) return false;
+  return true;
 }
 
 // Sets up the library from the environment (the constructor calls it; tests
-// call it with their own values). Returns false when Monarch stays off.
-bool init_process(const char* dataset, const char* job_dir, bool log);
+// call it with their own values). `job_dirs`: kEnvJobDirs's value, or null.
+// Returns false when Monarch stays off.
+bool init_process(const char* dataset, const char* job_dir, bool log,
+                  const char* job_dirs = nullptr);
 
 }  // namespace monarch

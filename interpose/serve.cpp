@@ -7,27 +7,36 @@
 #include <cstdio>
 
 #include "handlers.h"
+#include "process.h"
 
 namespace monarch {
 
+namespace {
+
+// <tier's job directory here>/<name>; false when the tier is not visible here.
+bool in_tier(uint32_t tier, const char* name, char* out, size_t cap) {
+  const char* dir = tier < uint32_t(kMapTiers) ? located().tier[tier] : "";
+  int n = std::snprintf(out, cap, "%s/%s", dir, name);
+  return *dir && n > 0 && size_t(n) < cap;
+}
+
+}  // namespace
+
 bool copy_path(const JobMap* m, uint32_t file, uint32_t tier, char* out, size_t cap) {
   char name[2 * kPathMax + 64];  // as large as any caller's path
-  if (!copy_name(*m, file, name, sizeof name)) return false;
-  int n = std::snprintf(out, cap, "%s/%s", m->tier_dir(tier), name);
-  return n > 0 && size_t(n) < cap;
+  return copy_name(*m, file, name, sizeof name) && in_tier(tier, name, out, cap);
 }
 
 bool partial_path(const JobMap* m, uint32_t file, uint32_t tier, char* out, size_t cap) {
   char name[64];
-  if (!partial_name(*m, file, name, sizeof name)) return false;
-  int n = std::snprintf(out, cap, "%s/%s", m->tier_dir(tier), name);
-  return n > 0 && size_t(n) < cap;
+  return partial_name(*m, file, name, sizeof name) && in_tier(tier, name, out, cap);
 }
 
 bool pfs_path(const JobMap* m, uint32_t file, char* out, size_t cap) {
   std::string_view rel = m->path(file);
-  int n = std::snprintf(out, cap, "%s/%.*s", m->root(), int(rel.size()), rel.data());
-  return !rel.empty() && n > 0 && size_t(n) < cap;
+  const Located& l = located();
+  int n = std::snprintf(out, cap, "%s/%.*s", l.view[l.pfs], int(rel.size()), rel.data());
+  return l.views > 0 && !rel.empty() && n > 0 && size_t(n) < cap;
 }
 
 int open_pfs(const FdEntry* e, int flags) {

@@ -18,11 +18,14 @@ struct KeepErrno {
   ~KeepErrno() { errno = saved; }
 };
 
-// <tier job dir>/data/<path>, the complete copy; false when it does not fit.
+// <tier job dir>/data/<path>, the complete copy, with the tier's job
+// directory as this process sees it; false when it does not fit, or the tier
+// is not visible here.
 bool copy_path(const JobMap* m, uint32_t file, uint32_t tier, char* out, size_t cap);
 // <tier job dir>/tmp/<generation>-<id>, the copy being written.
 bool partial_path(const JobMap* m, uint32_t file, uint32_t tier, char* out, size_t cap);
-// <dataset root>/<path>, the PFS file.
+// <dataset root>/<path>, the PFS file, through the view of the root that
+// the PFS is opened through here.
 bool pfs_path(const JobMap* m, uint32_t file, char* out, size_t cap);
 
 // Opens the PFS file a tracked descriptor stands for, by its path, for one

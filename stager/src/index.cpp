@@ -399,7 +399,6 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   h->generation = opt.generation;
   h->file_size = total;
   h->file_count = count;
-  h->tier_count = uint32_t(opt.tier_dirs.size());
   h->consistency = opt.consistency;
   h->small_file_max = opt.small_file_max;
   h->stall_ns = opt.stall_ns;
@@ -422,8 +421,7 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   h->next_slot = 1;  // slot 0 is shared by the processes that find no free slot
   copy_path(h->root, opt.root);
   copy_path(h->real_root, real);
-  for (size_t t = 0; t < opt.tier_dirs.size() && t < kMapTiers; ++t)
-    copy_path(h->tier_dirs[t], opt.tier_dirs[t]);
+  set_tiers(*h, opt.tier_dirs);
   std::memcpy(p + attrs_off, attrs.data(), attrs.size() * sizeof(Attr));
 
   char* str = p + strings_off;
@@ -559,6 +557,22 @@ MappedMap create_map_file(const std::string& out_path, uint64_t total) {
     throw std::runtime_error("cannot map " + tmp + ": " + std::strerror(errno));
   }
   return MappedMap(base, total);
+}
+
+void set_tiers(Header& h, const std::vector<std::string>& tier_dirs) {
+  if (tier_dirs.size() > size_t(kMapTiers))
+    throw std::runtime_error("more than " + std::to_string(kMapTiers) + " tiers");
+  h.tier_count = uint32_t(tier_dirs.size());
+  std::memset(h.tier_dirs, 0, sizeof h.tier_dirs);
+  for (size_t t = 0; t < tier_dirs.size(); ++t) {
+    copy_path(h.tier_dirs[t], tier_dirs[t]);
+    // A directory that is not there (yet) gets no identity: no process finds
+    // it, and its copies are read from the PFS.
+    struct stat st{};
+    bool there = stat(tier_dirs[t].c_str(), &st) == 0;
+    h.tier_dev[t] = there ? st.st_dev : 0;
+    h.tier_ino[t] = there ? st.st_ino : 0;
+  }
 }
 
 MappedMap open_index(const std::string& path) {

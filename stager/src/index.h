@@ -62,6 +62,10 @@ class MappedMap {
 MappedMap build_index(const IndexOptions& options, IndexStats& stats,
                       const std::function<void(JobMap&)>& before_publish);
 
+// Writes this node's tiers into a map's header: each job directory's path
+// and identity. Throws std::runtime_error when one is too long.
+void set_tiers(Header& h, const std::vector<std::string>& tier_dirs);
+
 // Maps an existing map file read-write. Throws std::runtime_error.
 MappedMap open_index(const std::string& path);
 

@@ -63,11 +63,6 @@ bool tables_inside(const Header& h) {
          inside(h.ino_buckets_off, h.ino_bucket_count, sizeof(uint32_t));
 }
 
-void copy_path(char (&dst)[kPathMax], const std::string& src) {
-  std::memset(dst, 0, kPathMax);
-  std::memcpy(dst, src.data(), std::min(src.size(), kPathMax - 1));
-}
-
 }  // namespace
 
 std::string index_wire(const JobMap& map) {
@@ -78,6 +73,8 @@ std::string index_wire(const JobMap& map) {
   // What is this node's alone: its generation, tiers and live words.
   w->generation = 0;
   std::memset(w->tier_dirs, 0, sizeof w->tier_dirs);
+  std::memset(w->tier_dev, 0, sizeof w->tier_dev);
+  std::memset(w->tier_ino, 0, sizeof w->tier_ino);
   size_t live = offsetof(Header, heartbeat_ns);
   std::memset(wire.data() + live, 0, sizeof(Header) - live);
   return wire;
@@ -116,13 +113,10 @@ MappedMap build_index_from(const IndexOptions& opt, std::string_view wire, Index
   auto* w = reinterpret_cast<Header*>(p);
   w->file_size = total;
   w->generation = opt.generation;
-  w->tier_count = uint32_t(opt.tier_dirs.size());
   w->consistency = opt.consistency;
   w->small_file_max = opt.small_file_max;
   w->stall_ns = opt.stall_ns;
-  std::memset(w->tier_dirs, 0, sizeof w->tier_dirs);
-  for (size_t t = 0; t < opt.tier_dirs.size() && t < kMapTiers; ++t)
-    copy_path(w->tier_dirs[t], opt.tier_dirs[t]);
+  set_tiers(*w, opt.tier_dirs);
   w->next_slot = 1;  // as build_index: slot 0 is shared
   // Every table is checked against the size before anything below reads it.
   result.reload();

@@ -74,8 +74,11 @@ JobMap::JobMap(void* base, size_t size) {
             (h.file_count == 0 || h.bucket_count > h.file_count) &&
             (h.dir_count == 0 || h.dir_bucket_count > h.dir_count) &&
             copy_string(root_, live.root) && copy_string(real_root_, live.real_root);
-  for (uint32_t t = 0; ok && t < h.tier_count; ++t)
+  for (uint32_t t = 0; ok && t < h.tier_count; ++t) {
     ok = copy_string(tier_dirs_[t], live.tier_dirs[t]);
+    tier_dev_[t] = live.tier_dev[t];
+    tier_ino_[t] = live.tier_ino[t];
+  }
   if (!ok) {
     why_ = "damaged header";
     return;

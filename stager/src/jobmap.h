@@ -31,7 +31,7 @@
 
 namespace monarch {
 
-inline constexpr char kMagic[8] = {'M', 'O', 'N', 'A', 'R', 'C', 'H', '4'};
+inline constexpr char kMagic[8] = {'M', 'O', 'N', 'A', 'R', 'C', 'H', '5'};
 inline constexpr int kMapTiers = 4;       // == kMaxTiers in config.h
 inline constexpr int kCopySlots = 1024;   // copies under way at once, paused ones included
 inline constexpr int kProcSlots = 4096;   // threads with counters; later ones share slot 0
@@ -54,6 +54,11 @@ inline constexpr const char* kTmpDir = "tmp";
 inline constexpr const char* kEnvDataset = "MONARCH_DATASET";  // the dataset root as given
 inline constexpr const char* kEnvJobDir = "MONARCH_JOB_DIR";   // job directory of tier 0
 inline constexpr const char* kEnvLog = "MONARCH_LOG";          // "1": log to stderr
+// The job directory of every tier, in tier order, separated by ':'.
+inline constexpr const char* kEnvJobDirs = "MONARCH_JOB_DIRS";
+// Set by the library in a process that said why Monarch cannot serve it:
+// the programs it starts do not say it again.
+inline constexpr const char* kEnvSaid = "MONARCH_SAID";
 
 // Copy state of one file, in the low 4 bits of its state word. Bits 4-7 hold
 // the tier (kCopying, kCached), bits 8-31 the `aux` value: for kClaimed and
@@ -165,6 +170,9 @@ struct Header {
   char root[kPathMax];                  // dataset root, absolute, lexically normal
   char real_root[kPathMax];             // the same, symbolic links resolved
   char tier_dirs[kMapTiers][kPathMax];  // job directory on each tier
+  // Each tier's job directory by what it is: a process finds it by this
+  // identity wherever its namespace shows it (a container's bind mount).
+  uint64_t tier_dev[kMapTiers], tier_ino[kMapTiers];
 
   // Live fields.
   std::atomic<uint64_t> heartbeat_ns;  // CLOCK_MONOTONIC, every 100 ms while the stager runs
@@ -231,6 +239,10 @@ class JobMap {
   const char* root() const { return root_; }
   const char* real_root() const { return real_root_; }
   const char* tier_dir(uint32_t t) const { return tier_dirs_[t < kMapTiers ? t : 0]; }
+  uint64_t root_dev() const { return root_dev_; }
+  uint64_t root_ino() const { return root_ino_; }
+  uint64_t tier_dev(uint32_t t) const { return tier_dev_[t < kMapTiers ? t : 0]; }
+  uint64_t tier_ino(uint32_t t) const { return tier_ino_[t < kMapTiers ? t : 0]; }
 
   // REQUIRES id < size(). The entry's live fields may hold anything: read
   // them through state() and path().
@@ -314,6 +326,7 @@ class JobMap {
   uint32_t tiers_ = 0, consistency_ = 0;
   char root_[kPathMax] = "", real_root_[kPathMax] = "";
   char tier_dirs_[kMapTiers][kPathMax] = {};
+  uint64_t tier_dev_[kMapTiers] = {}, tier_ino_[kMapTiers] = {};
 };
 
 // The names of file `file`'s copy relative to a tier's job directory, into

@@ -54,7 +54,6 @@ class Handlers : public ::testing::Test {
     m = &mapped.map();
     real::resolve();
     P.map = nullptr;
-    P.real_len = 0;
     P.next_load_ns = 0;  // each test publishes a new map: load it now
     ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
     ASSERT_EQ(current_map()->size(), 3u);
@@ -74,7 +73,7 @@ class Handlers : public ::testing::Test {
   }
 
   Resolved at(const std::string& path, const std::string& cwd = "") {
-    return resolve(*m, path, cwd);
+    return resolve(*m, located().as_views(), path, cwd);
   }
   uint32_t id(const std::string& rel) { return uint32_t(m->find(rel)); }
 
