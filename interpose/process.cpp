@@ -179,7 +179,9 @@ void find_tier(Located& l, const JobMap& m, uint32_t t, const char* given) {
   if (given) take(given);
   take(m.tier_dir(t));
   if (!l.tier[t][0])
-    for_each_mount([&](const Mount& mt) { mount_candidates(mt, dev, m.tier_dir(t), take); });
+    for_each_mount([&](const Mount& mt) {
+      if (on_device(mt, dev)) mount_candidates(mt, m.tier_dir(t), take);
+    });
 }
 
 // The i-th entry of a colon-separated list, or null.
@@ -206,8 +208,8 @@ const Located* locate(const JobMap& m) {
   add_view(*l, m, m.root());
   add_view(*l, m, m.real_root());
   for_each_mount([&](const Mount& mt) {
-    mount_candidates(mt, m.root_dev(), m.real_root(),
-                     [&](std::string_view c) { add_view(*l, m, c); });
+    if (on_device(mt, m.root_dev()))
+      mount_candidates(mt, m.real_root(), [&](std::string_view c) { add_view(*l, m, c); });
   });
   for (uint32_t t = 0; t < m.tiers() && t < uint32_t(kMapTiers); ++t)
     find_tier(*l, m, t, t == 0 ? P.job_dir : P.job_dirs[t]);
@@ -518,22 +520,21 @@ void on_chdir_done() {
 namespace {
 
 // The job directory as this process sees it: `job` itself, or where a mount
-// shows the directory of that name (a container that binds it elsewhere).
-// Its identity is checked when the map is adopted (tier 0's).
+// shows it (a container that binds it, or a tier, elsewhere). Its identity
+// is checked when the map is adopted (tier 0's).
 bool find_job_dir(const char* job) {
   struct stat st;
   if (real::stat(job, &st) == 0) return true;
   bool found = false;
   for_each_mount([&](const Mount& m) {
-    size_t n = std::strlen(P.job_name);
-    if (found || m.root.size() <= n || !m.root.ends_with(P.job_name) ||
-        m.root[m.root.size() - n - 1] != '/' || m.point.size() >= sizeof P.job_dir)
-      return;
-    char point[kPathMax];
-    std::memcpy(point, m.point.data(), m.point.size());
-    point[m.point.size()] = 0;
-    if (real::stat(point, &st) == 0 && S_ISDIR(st.st_mode))
-      std::memcpy(P.job_dir, point, m.point.size() + 1), found = true;
+    mount_candidates(m, job, [&](std::string_view c) {
+      char path[kPathMax];
+      if (found || c.size() >= sizeof path) return;
+      std::memcpy(path, c.data(), c.size());
+      path[c.size()] = 0;
+      if (real::stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        std::memcpy(P.job_dir, path, c.size() + 1), found = true;
+    });
   });
   return found;
 }

@@ -10,11 +10,9 @@ namespace monarch {
 
 // The kernel's encoding of a dev_t (glibc's gnu_dev_major/minor, written
 // out: the library needs nothing above its glibc floor).
-unsigned dev_major(uint64_t dev) {
-  return unsigned(((dev >> 8) & 0xfff) | ((dev >> 32) & ~uint64_t(0xfff)));
-}
-unsigned dev_minor(uint64_t dev) {
-  return unsigned((dev & 0xff) | ((dev >> 12) & ~uint64_t(0xff)));
+bool on_device(const Mount& m, uint64_t dev) {
+  return m.major == unsigned(((dev >> 8) & 0xfff) | ((dev >> 32) & ~uint64_t(0xfff))) &&
+         m.minor == unsigned((dev & 0xff) | ((dev >> 12) & ~uint64_t(0xff)));
 }
 
 namespace {

@@ -43,13 +43,16 @@ struct Mount {
 // ("\040": a space) in place. False when the line is not one.
 bool parse_mount(char* line, Mount& m);
 
-// Where the directory at `host_path` on the file system of device `dev` may
-// be visible through mount `m`: if `host_path` ends with a path F of that
-// file system that lies inside m.root, at m.point followed by the rest of F.
-// Calls fn(candidate) for each such path that fits kPathMax (a few at most);
-// the caller checks each by identity.
+// Is `m` a mount of the file system of device `dev`?
+bool on_device(const Mount& m, uint64_t dev);
+
+// Where the directory at `host_path` may be visible through mount `m` (of
+// its file system): if `host_path` ends with a path F of that file system
+// that lies inside m.root, at m.point followed by the rest of F. Calls
+// fn(candidate) for each such path that fits kPathMax (a few at most); the
+// caller checks each by identity.
 template <typename Fn>
-void mount_candidates(const Mount& m, uint64_t dev, std::string_view host_path, Fn fn);
+void mount_candidates(const Mount& m, std::string_view host_path, Fn fn);
 
 // Calls fn(const Mount&) for each line of this process's mountinfo, read
 // without allocating (the first look may come from a signal handler's open),
@@ -61,16 +64,12 @@ bool for_each_mount(Fn fn);
 
 // ---- implementation of the templates ----
 
-unsigned dev_major(uint64_t dev);
-unsigned dev_minor(uint64_t dev);
 // Reads mountinfo; calls fn(m, arg) per line (for_each_mount's body).
 bool read_mounts(void (*fn)(const Mount&, void*), void* arg);
 
 template <typename Fn>
-void mount_candidates(const Mount& m, uint64_t dev, std::string_view host_path, Fn fn) {
-  if (m.major != dev_major(dev) || m.minor != dev_minor(dev) || m.root.empty() ||
-      m.root[0] != '/' || m.point.empty() || m.point[0] != '/')
-    return;
+void mount_candidates(const Mount& m, std::string_view host_path, Fn fn) {
+  if (m.root.empty() || m.root[0] != '/' || m.point.empty() || m.point[0] != '/') return;
   std::string_view root = m.root == "/" ? std::string_view() : m.root;
   // Each tail of host_path that starts at a '/': "/a/b/c", "/b/c", "/c".
   for (size_t at = 0; at < host_path.size(); at = host_path.find('/', at + 1)) {

@@ -2,6 +2,8 @@
 // in the test: no LD_PRELOAD, no stager. `pass` is the real call.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -55,6 +57,7 @@ class Handlers : public ::testing::Test {
     real::resolve();
     P.map = nullptr;
     P.next_load_ns = 0;  // each test publishes a new map: load it now
+    P.next_seek_ns = 0;
     ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
     ASSERT_EQ(current_map()->size(), 3u);
     m = current_map();  // the library's own view
@@ -139,6 +142,50 @@ TEST_F(Handlers, PathsResolveAsTheKernelDoes) {
   EXPECT_EQ(at("ds/b.bin", top.string()).id, id("b.bin"));
   EXPECT_EQ(at("a.bin", top.string() + "/out").where, Where::kOutside);
   EXPECT_EQ(at("a.bin", "").where, Where::kOutside);  // no current directory known
+}
+
+// A container's view: the dataset bound at another path, the job directory
+// bound elsewhere, and the host paths the environment names hidden (by
+// tmpfs mounts over them). The library finds both by what they are.
+TEST_F(Handlers, ADatasetAndJobDirectoryMountedElsewhereAreFoundByIdentity) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
+  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
+  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  cache("a.bin", "dataset a");
+  fs::path data = top / "data", elsewhere = top / "elsewhere";
+  fs::create_directories(data);
+  fs::create_directories(elsewhere);
+  ASSERT_EQ(mount(ds.c_str(), data.c_str(), nullptr, MS_BIND, nullptr), 0);
+  ASSERT_EQ(mount(job.c_str(), elsewhere.c_str(), nullptr, MS_BIND, nullptr), 0);
+  ASSERT_EQ(mount("tmpfs", ds.c_str(), "tmpfs", 0, nullptr), 0);
+  ASSERT_EQ(mount("tmpfs", (top / "tier").c_str(), "tmpfs", 0, nullptr), 0);
+  // The process knows only the host paths, as a container's processes do.
+  P.map = nullptr;
+  P.next_load_ns = 0;
+  ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
+  EXPECT_EQ(std::string(P.job_dir), elsewhere.string());  // found by its name
+  // No map yet: the first open of any absolute path looks for it.
+  int fd = open_((data / "a.bin").string());
+  ASSERT_GE(fd, 0);
+  ASSERT_NE(P.map.load(), nullptr);
+  const Located& l = located();
+  ASSERT_EQ(l.views, 1);
+  EXPECT_EQ(std::string(l.view[0]), data.string());
+  EXPECT_TRUE(l.physical[0]);
+  EXPECT_EQ(std::string(l.tier[0]), elsewhere.string());
+  ASSERT_NE(tracked(fd), nullptr);
+  EXPECT_EQ(tracked(fd)->kind.load(), kLocal);  // the copy, through the job directory seen here
+  EXPECT_EQ(read_all(fd), "dataset a");
+  real::close(fd);
+  int pfs = open_((data / "b.bin").string());  // not cached: the PFS, through /data
+  ASSERT_GE(pfs, 0);
+  EXPECT_EQ(read_all(pfs), "dataset b!");
+  real::close(pfs);
+  EXPECT_EQ(resolve(*current_map(), l.as_views(), (data / "sub/../a.bin").string(), "").id,
+            id("a.bin"));
+  EXPECT_EQ(resolve(*current_map(), l.as_views(), "../a.bin", (data / "sub").string()).id,
+            id("a.bin"));
+  for (const fs::path& p : {top / "tier", ds, elsewhere, data}) umount2(p.c_str(), MNT_DETACH);
 }
 
 TEST_F(Handlers, CachedOpenIsTheCopyAndLooksLikeThePfsFile) {
