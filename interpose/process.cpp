@@ -519,24 +519,34 @@ void on_chdir_done() {
 
 namespace {
 
-// The job directory as this process sees it: `job` itself, or where a mount
-// shows it (a container that binds it, or a tier, elsewhere). Its identity
-// is checked when the map is adopted (tier 0's).
-bool find_job_dir(const char* job) {
+// Is `path` (the first `n` bytes of it) a directory here?
+bool is_dir(const char* path, size_t n) {
+  char p[kPathMax];
+  if (n == 0 || n >= sizeof p) return false;
+  std::memcpy(p, path, n);
+  p[n] = 0;
   struct stat st;
-  if (real::stat(job, &st) == 0) return true;
+  return real::stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The job directory as this process sees it: `job` itself, or where a mount
+// shows it (a container that binds it, or its tier, elsewhere), or `job`
+// while its parent is here: the job directory is made while the job starts
+// (monarch-run starts the command first). Its identity is checked when the
+// map is adopted (tier 0's).
+bool find_job_dir(const char* job) {
+  if (is_dir(job, std::strlen(job))) return true;
   bool found = false;
   for_each_mount([&](const Mount& m) {
     mount_candidates(m, job, [&](std::string_view c) {
-      char path[kPathMax];
-      if (found || c.size() >= sizeof path) return;
-      std::memcpy(path, c.data(), c.size());
-      path[c.size()] = 0;
-      if (real::stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        std::memcpy(P.job_dir, path, c.size() + 1), found = true;
+      if (found || c.size() >= sizeof P.job_dir || !is_dir(c.data(), c.size())) return;
+      std::memcpy(P.job_dir, c.data(), c.size());
+      P.job_dir[c.size()] = 0;
+      found = true;
     });
   });
-  return found;
+  const char* slash = std::strrchr(job, '/');
+  return found || (slash && is_dir(job, slash > job ? size_t(slash - job) : 1));
 }
 
 }  // namespace
@@ -557,9 +567,12 @@ bool init_process(const char* dataset, const char* job, bool log, const char* jo
   for (uint32_t t = 0; t < uint32_t(kMapTiers); ++t)
     if (!list_entry(job_dirs, t, P.job_dirs[t], sizeof P.job_dirs[t])) P.job_dirs[t][0] = 0;
   if (!find_job_dir(job)) {
-    say("monarch: the job directory %s is not visible in this process (a container that does not "
-        "mount it? see Containers in Monarch's README): %s is read from the PFS",
-        job, P.root);
+    char exe[256];
+    ssize_t n = real::readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    say("monarch: the job directory %s is not visible to %s (pid %d; a container that does not "
+        "mount it? see Containers in Monarch's README): it reads %s from the PFS",
+        job, *exe ? exe : "this program", int(real_pid()), P.root);
     return false;
   }
   job = P.job_dir;

@@ -24,8 +24,9 @@ import rootfs  # noqa: E402
 INSIDE_LIBRARY = "/usr/local/lib/monarch/libmonarch_interpose.so"
 INSIDE_READER = "/usr/local/lib/monarch/reader.py"
 
-# Run by sh as root: ROOT, then host paths to bind at the same paths (under
-# /tmp, which is the root's own tmpfs here), then "--", then the command.
+# Run by sh as root: ROOT, then the binds (a host path to bind at the same
+# path, under /tmp, which is the root's own tmpfs here; or HOST:INSIDE),
+# then "--", then the command.
 # The host's LD_PRELOAD (the build's library, for the host programs that
 # start the container) is not the root's: the command gets the root's copy.
 ENTER = r"""
@@ -40,8 +41,9 @@ mkdir -p "$root/usr/local/lib/monarch"
 cp "$MONARCH_TEST_LIBRARY" "$root%(lib)s"
 cp "$MONARCH_TEST_READER" "$root%(reader)s"
 while [ "$1" != "--" ]; do
-  mkdir -p "$root$1"
-  mount --bind "$1" "$root$1"
+  host=${1%%:*}; inside=${1#*:}
+  mkdir -p "$root$inside"
+  mount --bind "$host" "$root$inside"
   shift
 done
 shift
@@ -51,9 +53,11 @@ exec env -u LD_PRELOAD chroot "$root" /usr/bin/env LD_PRELOAD=%(lib)s "$@"
 
 def enter(suite, command, binds=()):
     """The command line that runs `command` in the root of `suite`, with the
-    host paths `binds` (directories under /tmp) at the same paths."""
+    host paths `binds` (directories under /tmp) at the same paths, or
+    "HOST:INSIDE" at INSIDE."""
     for b in binds:
-        assert b.startswith("/tmp/"), b  # the root's /tmp is a tmpfs: nothing lands in the cache
+        inside = b.split(":")[-1]
+        assert inside.startswith("/tmp/") or ":" in b, b  # nothing lands in the cached root
     return (["env", f"MONARCH_TEST_LIBRARY={LIBRARY}", f"MONARCH_TEST_READER={READER}",
              "unshare", "--mount", "--propagation", "private", "sh", "-c", ENTER, "sh",
              rootfs.path(suite)] + list(binds) + ["--"] + list(command))
@@ -71,7 +75,7 @@ class Userland:
     def test_programs_start_and_end_as_without_monarch(self):
         # With the library only, and in a job's environment (a job directory
         # with no stager yet: the library is on and reads from the PFS).
-        for env in ({}, {"MONARCH_DATASET": self.root, "MONARCH_JOB_DIR": "/tmp/no-job-here"}):
+        for env in ({}, {"MONARCH_DATASET": self.root, "MONARCH_JOB_DIR": "/tmp"}):
             for command in (["/bin/true"], ["python3", "-c", "1"]):
                 p = subprocess.run(enter(self.suite, command), capture_output=True, text=True,
                                    env={**os.environ, **env}, timeout=120)
@@ -104,6 +108,50 @@ class Userland:
         print(f"{self.suite}: PFS opens, reads, bytes by epoch "
               f"{[(x['opens'], x['reads'], x['bytes']) for x in d]}; "
               f"served from the tier {share.group(1)}% of the bytes read", flush=True)
+
+
+    def read_in_container(self, binds, dataset_inside, counts_inside, check_share=True):
+        """3 epochs of images/ read at `dataset_inside` in the root, with
+        `binds` (the PFS's `{mount}`, `{dataset}` and the tier's `{tier}`
+        filled in). The job's environment names the host's paths, as pyxis
+        and `apptainer exec` pass them. Returns (epochs, PFS deltas, stderr)."""
+        with Pfs(self.root) as pfs:
+            t = tier(self)
+            images = os.path.join(pfs.dataset, "images")
+            conf = conf_file(self, t, quota="100%", copy_fast_dataset="yes")
+            before = pfs.counts()
+            reader = ["python3", INSIDE_READER, dataset_inside, "--mode", "read", "--epochs", "3",
+                      "--subdir", "images", "--stat", "--counts", counts_inside]
+            filled = [b.format(mount=pfs.mount, dataset=pfs.dataset, tier=t) for b in binds]
+            p = run(AFTER_INDEX + enter(self.suite, reader, binds=filled),
+                    monarch=["--dataset", images, "--config", conf], timeout=900)
+        epochs = parse_epochs(p.stdout)
+        self.assertSameBytes(epochs, self.ref, "images/")
+        return epochs, epoch_deltas(before, epochs), p.stderr
+
+    def test_dataset_and_job_directory_mounted_elsewhere(self):
+        # pyxis --container-mounts=<dataset's parent>:/data and the tier at
+        # another path: neither host path exists in the container.
+        epochs, d, err = self.read_in_container(
+            ["{dataset}:/data", "{mount}:/pfs", "{tier}:/monarch-tier"], "/data",
+            "/pfs/.pfsemu-counts")
+        self.assertGreater(d[0]["opens"], 0, "epoch 1 read the PFS (the test would be vacuous)")
+        for e in (1, 2):
+            self.assertEqual((d[e]["opens"], d[e]["reads"]), (0, 0),
+                             f"epoch {e + 1} in {self.suite} reached the PFS\n{err[-3000:]}")
+        self.assertNotIn("not visible", err, "everything Monarch needs is visible")
+        print(f"{self.suite}, dataset at /data, job directory at /monarch-tier: PFS opens, "
+              f"reads, bytes by epoch {[(x['opens'], x['reads'], x['bytes']) for x in d]}",
+              flush=True)
+
+    def test_a_container_without_the_job_directory_reads_the_pfs_and_says_so(self):
+        epochs, d, err = self.read_in_container(["{dataset}:/data", "{mount}:/pfs"], "/data",
+                                                "/pfs/.pfsemu-counts")
+        said = [line for line in err.splitlines() if line.startswith("monarch: the job directory")]
+        self.assertEqual(len(said), 1, err[-3000:])
+        self.assertIn("not visible to", said[0])
+        files = sum(1 for k in self.ref if k.startswith("images/"))
+        self.assertEqual([x["opens"] for x in d[1:]], [files, files], "epochs 2-3 from the PFS")
 
 
 class Bullseye(Userland, Case):
