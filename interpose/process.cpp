@@ -150,8 +150,9 @@ Located* new_located() {
 }
 
 // Adds `path` as a view if it reaches the root of `m` and is not one yet.
+// Not "/": a dataset that is a process's whole tree is no container's.
 void add_view(Located& l, const JobMap& m, std::string_view path) {
-  if (l.views >= kViews || path.empty() || path.size() >= kPathMax) return;
+  if (l.views >= kViews || path.size() < 2 || path.size() >= kPathMax) return;
   char p[kPathMax];
   std::memcpy(p, path.data(), path.size());
   p[path.size()] = 0;
@@ -162,7 +163,59 @@ void add_view(Located& l, const JobMap& m, std::string_view path) {
   std::memcpy(l.view[i], p, path.size() + 1);
   l.len[i] = path.size();
   l.physical[i] = no_links(p);
-  if (l.physical[i] && !l.physical[l.pfs]) l.pfs = i;
+}
+
+// Does what the kernel shows at `point` (a mount point) differ from what the
+// index holds at `rel` below the root? Nothing indexed there: no.
+bool shows_other(const JobMap& m, const char* point, std::string_view rel) {
+  int64_t f = m.find(rel), d = f >= 0 ? -1 : m.find_dir(rel);
+  if (f < 0 && d < 0) return false;
+  struct stat st;
+  if (real::stat(point, &st) != 0) return true;
+  if (f >= 0) {
+    const Attr* a = m.attr(uint32_t(f));
+    return !a || a->dev != uint64_t(st.st_dev) || m.entry(uint32_t(f)).ino != uint64_t(st.st_ino);
+  }
+  const DirEntry& e = m.dir(uint32_t(d));
+  return e.dev != uint64_t(st.st_dev) || e.ino != uint64_t(st.st_ino);
+}
+
+// Drops the views inside which a mount shows another file or directory
+// than the index holds at that path (a container's second bind over
+// /data/sub): Monarch would serve the index's bytes where the kernel reads
+// the mount's.
+void drop_shadowed(Located& l, const JobMap& m) {
+  bool shadowed[kViews] = {};
+  for_each_mount([&](const Mount& mt) {
+    for (int i = 0; i < l.views; ++i) {
+      const char* point = mt.point.data();  // NUL-terminated: parse_mount cut the line there
+      if (mt.point.size() > l.len[i] && has_prefix(point, l.view[i], l.len[i]) &&
+          shows_other(m, point, mt.point.substr(l.len[i] + 1)))
+        shadowed[i] = true;
+    }
+  });
+  int kept = 0;
+  for (int i = 0; i < l.views; ++i) {
+    if (shadowed[i]) {
+      note("a mount inside %s shows other files than the dataset's there: paths through it are "
+           "read from the PFS",
+           l.view[i]);
+      continue;
+    }
+    if (kept != i) {
+      std::memcpy(l.view[kept], l.view[i], l.len[i] + 1);
+      l.len[kept] = l.len[i];
+      l.physical[kept] = l.physical[i];
+    }
+    ++kept;
+  }
+  l.views = kept;
+  l.pfs = 0;
+  for (int i = 0; i < l.views; ++i)
+    if (l.physical[i]) {
+      l.pfs = i;
+      break;
+    }
 }
 
 // Tier t's job directory as this process sees it: `given` (the environment's),
@@ -211,6 +264,7 @@ const Located* locate(const JobMap& m) {
     if (on_device(mt, m.root_dev()))
       mount_candidates(mt, m.real_root(), [&](std::string_view c) { add_view(*l, m, c); });
   });
+  drop_shadowed(*l, m);
   for (uint32_t t = 0; t < m.tiers() && t < uint32_t(kMapTiers); ++t)
     find_tier(*l, m, t, t == 0 ? P.job_dir : P.job_dirs[t]);
   return l;

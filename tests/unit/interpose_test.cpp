@@ -188,6 +188,39 @@ TEST_F(Handlers, ADatasetAndJobDirectoryMountedElsewhereAreFoundByIdentity) {
   for (const fs::path& p : {top / "tier", ds, elsewhere, data}) umount2(p.c_str(), MNT_DETACH);
 }
 
+// A container that binds another directory over a part of the dataset's
+// view (/data/sub): the kernel reads that directory's files there, so the
+// view is not served at all; the bytes are the kernel's.
+TEST_F(Handlers, AViewWithAnotherMountInsideIsNotServed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
+  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
+  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  cache("a.bin", "dataset a");
+  cache("sub/c.bin", "dataset c");
+  write(top / "other/c.bin", "OTHER c");
+  fs::path data = top / "data";
+  fs::create_directories(data);
+  ASSERT_EQ(mount(ds.c_str(), data.c_str(), nullptr, MS_BIND, nullptr), 0);
+  ASSERT_EQ(mount((top / "other").c_str(), (data / "sub").c_str(), nullptr, MS_BIND, nullptr), 0);
+  P.map = nullptr;
+  P.next_load_ns = 0;
+  ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
+  ASSERT_NE(current_map(), nullptr);
+  const Located& l = located();
+  for (int i = 0; i < l.views; ++i) EXPECT_NE(std::string(l.view[i]), data.string());
+  int fd = open_((data / "sub/c.bin").string());
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(tracked(fd), nullptr);
+  EXPECT_EQ(read_all(fd), "OTHER c");
+  real::close(fd);
+  int a = open_((ds / "a.bin").string());  // the host path is still whole: served
+  ASSERT_GE(a, 0);
+  ASSERT_NE(tracked(a), nullptr);
+  EXPECT_EQ(tracked(a)->kind.load(), kLocal);
+  real::close(a);
+  for (const fs::path& p : {data / "sub", data}) umount2(p.c_str(), MNT_DETACH);
+}
+
 TEST_F(Handlers, CachedOpenIsTheCopyAndLooksLikeThePfsFile) {
   cache("a.bin", "dataset a");
   int fd = open_((ds / "a.bin").string());
