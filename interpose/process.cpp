@@ -189,8 +189,9 @@ void drop_shadowed(Located& l, const JobMap& m) {
   for_each_mount([&](const Mount& mt) {
     for (int i = 0; i < l.views; ++i) {
       const char* point = mt.point.data();  // NUL-terminated: parse_mount cut the line there
-      if (mt.point.size() > l.len[i] && has_prefix(point, l.view[i], l.len[i]) &&
-          shows_other(m, point, mt.point.substr(l.len[i] + 1)))
+      size_t skip = l.len[i] + 1;  // the view and its '/'
+      if (mt.point.size() > skip && has_prefix(point, l.view[i], l.len[i]) &&
+          shows_other(m, point, {point + skip, mt.point.size() - skip}))
         shadowed[i] = true;
     }
   });

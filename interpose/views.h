@@ -73,11 +73,12 @@ void mount_candidates(const Mount& m, std::string_view host_path, Fn fn) {
   std::string_view root = m.root == "/" ? std::string_view() : m.root;
   // Each tail of host_path that starts at a '/': "/a/b/c", "/b/c", "/c".
   for (size_t at = 0; at < host_path.size(); at = host_path.find('/', at + 1)) {
-    std::string_view tail = host_path.substr(at);
+    // (Not substr: its range check throws, and the library has no exceptions.)
+    std::string_view tail(host_path.data() + at, host_path.size() - at);
     if (tail.size() < root.size() || tail.compare(0, root.size(), root) != 0 ||
         (tail.size() > root.size() && tail[root.size()] != '/'))
       continue;
-    std::string_view rest = tail.substr(root.size());
+    std::string_view rest(tail.data() + root.size(), tail.size() - root.size());
     char out[kPathMax];
     std::string_view point = m.point == "/" ? std::string_view() : m.point;
     if (point.size() + rest.size() + 1 >= sizeof out) continue;

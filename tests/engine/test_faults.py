@@ -75,12 +75,24 @@ class Faults(Case):
         self.assertIn("incomplete", err)  # the summary says the statistics are partial
 
     def test_no_stager_at_all(self):
-        env = {"LD_PRELOAD": LIBRARY, "MONARCH_DATASET": self.root,
-               "MONARCH_JOB_DIR": "/nonexistent/monarch-job", "MONARCH_LOG": "1"}
+        job = tempfile.mkdtemp(prefix="monarch-nojob-")
+        self.addCleanup(os.rmdir, job)
+        env = {"LD_PRELOAD": LIBRARY, "MONARCH_DATASET": self.root, "MONARCH_JOB_DIR": job,
+               "MONARCH_LOG": "1"}
         epochs, p = read_dataset(self.root, "read", env=env)
         self.assertSameBytes(epochs, self.ref)
         # Not vacuous: the library ran, found no job map, and said so.
-        self.assertIn("no job map at /nonexistent/monarch-job/index", p.stderr)
+        self.assertIn(f"no job map at {job}/index", p.stderr)
+        # A job directory the process cannot see at all (a container that does
+        # not mount it): one line, without MONARCH_LOG too.
+        env = {"LD_PRELOAD": LIBRARY, "MONARCH_DATASET": self.root,
+               "MONARCH_JOB_DIR": "/nonexistent/monarch-job"}
+        epochs, p = read_dataset(self.root, "read", env=env)
+        self.assertSameBytes(epochs, self.ref)
+        said = [line for line in p.stderr.splitlines()
+                if line.startswith("monarch: the job directory /nonexistent/monarch-job is not "
+                                   "visible")]
+        self.assertEqual(len(said), 1, p.stderr)
 
     def test_tier_runs_out_of_space(self):
         mnt = tempfile.mkdtemp(prefix="monarch-tmpfs-")
