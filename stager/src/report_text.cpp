@@ -144,7 +144,10 @@ std::string unused_summary(const Figures& f) {
   o << "  " << f.fallbacks[0].text << "\n";
   o << "  the stager's copies meanwhile: " << count(t.pfs_opens - t.job_pfs_opens) << " opens, "
     << count(t.pfs_reads - t.job_pfs_reads) << " reads, " << human_bytes(t.stager_pfs_bytes)
-    << " from the PFS (stage-ahead's first window: it goes further only as readers read)\n";
+    << " from the PFS"
+    << (t.stager_pfs_bytes > 0 ? " (stage-ahead's first window: it goes further only as readers "
+                                 "read)\n"
+                               : "\n");
   return o.str() + cached_and_notes(f, 1);
 }
 
