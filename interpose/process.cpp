@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -352,6 +353,14 @@ JobMap* load_map() {
         P.map = m;
         P.seeking = false;
         result = m;
+        // This process uses Monarch: what the stager's report tells from "no
+        // process of the job used it" (Header::attached).
+        Header& h = m->header();
+        if (h.attached.fetch_add(1, std::memory_order_relaxed) == 0) {
+          prctl(PR_GET_NAME, h.first_attached_comm);
+          h.first_attached_ns.store(now, std::memory_order_relaxed);
+          h.first_attached_pid.store(real_pid(), std::memory_order_release);
+        }
         if (owner()) {
           update_cwd_hint();  // the real root is known now
           find_ancestors();

@@ -192,6 +192,16 @@ struct Header {
   // node through it (Request::kPeerRead) rather than from the PFS.
   std::atomic<uint32_t> peer_reads;
   CopySlot copies[kCopySlots];
+  // Processes of the job that loaded this map (the library's load_map; a
+  // forked child shares its parent's load and is not counted again): none
+  // means no process of the job used Monarch on this node. The one that
+  // counts first also leaves its command name (PR_GET_NAME), the
+  // CLOCK_MONOTONIC time of its load and, last (release), its pid as its own
+  // PID namespace sees it: a reader that sees the pid sees the other two.
+  std::atomic<uint32_t> attached;
+  std::atomic<int32_t> first_attached_pid;
+  std::atomic<uint64_t> first_attached_ns;
+  char first_attached_comm[16];
 };
 
 // Whether the stager that made the job map in the job directory `job_dir_fd`

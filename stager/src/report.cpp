@@ -206,6 +206,12 @@ std::vector<Fallback> fallbacks(const pt::ptree& t, const Figures& f) {
   auto add = [&](const std::string& key, double n, const std::string& text) {
     if (n > 0) out.push_back({key, n, count(n) + " " + text});
   };
+  if (!f.used_monarch)
+    out.push_back({"attached.processes", 0,
+                   std::string("no process of the job used Monarch: none loaded the job map, so "
+                               "the job's reads went to the PFS unseen and none is counted here; "
+                               "likely causes: ") +
+                       kUnusedCauses});
   for (size_t i = 0; i < kNumProcessCounters; ++i) {
     const CounterInfo& k = kProcessCounters[i];
     if (std::string(k.name).rfind("fb_", 0) != 0) continue;
@@ -424,6 +430,13 @@ Figures figures_of(const pt::ptree& t) {
       f.tiers.push_back({shown(kv.second.get<std::string>("name", "?")), num(kv.second, "quota"),
                          num(kv.second, "used"), kv.second.get<bool>("full", false)});
   f.total = traffic(t.get_child("totals"));
+  f.attached = t.get<double>("attached.processes", -1);
+  f.first_pid = num(t, "attached.first_pid");
+  f.first_attached_s = num(t, "attached.first_s");
+  f.first_command = shown(t.get<std::string>("attached.first_command", ""));
+  f.used_monarch =
+      f.attached != 0 || f.total.opens > 0 || f.total.reads > 0 ||
+      num(t, "totals." + pkey(c_stat_index)) + num(t, "totals." + pkey(c_stat_pfs)) > 0;
   if (auto epochs = t.get_child_optional("epochs"))
     for (auto& kv : *epochs) {
       const pt::ptree& e = kv.second;

@@ -129,8 +129,17 @@ struct Figures {
   };
   std::vector<Tier> tiers;
   Traffic total;
+  // The job's processes that loaded the job map ("attached" in the
+  // statistics; -1 in statistics written before it was counted), and the
+  // first of them (pid 0: none). used_monarch is false only when none did
+  // and no counter shows a process's call either: every read of the job
+  // went to the PFS unseen, and the other figures describe the stager alone.
+  double attached = -1;
+  double first_pid = 0, first_attached_s = 0;
+  std::string first_command;
+  bool used_monarch = true;
   std::vector<EpochFigures> epochs;
-  std::vector<Fallback> fallbacks;
+  std::vector<Fallback> fallbacks;  // when !used_monarch, the first says so and why
   Verdict verdict;
 };
 

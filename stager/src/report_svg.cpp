@@ -185,6 +185,14 @@ std::vector<std::string> verdict_pieces(const Verdict& v) {
   return p;
 }
 
+// The words of a sentence, for wrap() (which shortens a piece too long for a line).
+std::vector<std::string> words(const std::string& sentence) {
+  std::vector<std::string> out;
+  std::istringstream in(sentence);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
 std::string num(double v) {
   return fmt("%.1f", v);
 }
@@ -255,16 +263,22 @@ std::string report_svg(const std::string& json) {
                                            (fig.host.empty() ? "" : " on " + fig.host)};
   if (!fig.complete) title_pieces.push_back("(incomplete statistics: the stager was killed)");
   std::vector<std::string> title = wrap(title_pieces, " ", kTextW, kTitleSize, true);
+  std::string dataset = "dataset " + fig.dataset + ": " + human_bytes(fig.dataset_bytes) + " in " +
+                        count(fig.files) + " files";
   std::vector<std::string> subtitle =
-      wrap({"dataset " + fig.dataset + ": " + human_bytes(fig.dataset_bytes) + " in " +
-                count(fig.files) + " files",
-            pct(fig.total.local_bytes, fig.total.bytes) +
-                " of the bytes read came from node-local tiers",
-            "PFS traffic avoided: " + pct(fig.total.bytes - fig.total.pfs_bytes, fig.total.bytes) +
-                " of bytes, " + pct(fig.total.opens - fig.total.pfs_opens, fig.total.opens) +
-                " of opens"},
-           "; ", kTextW, kSize);
-  std::vector<std::string> verdict = wrap(verdict_pieces(fig.verdict), ", ", kTextW, kSize);
+      fig.used_monarch
+          ? wrap({dataset,
+                  pct(fig.total.local_bytes, fig.total.bytes) +
+                      " of the bytes read came from node-local tiers",
+                  "PFS traffic avoided: " +
+                      pct(fig.total.bytes - fig.total.pfs_bytes, fig.total.bytes) + " of bytes, " +
+                      pct(fig.total.opens - fig.total.pfs_opens, fig.total.opens) + " of opens"},
+                 "; ", kTextW, kSize)
+          : wrap({dataset}, "; ", kTextW, kSize);
+  // A job that did not use Monarch has no verdict: the note, which says why, instead.
+  std::vector<std::string> verdict = fig.used_monarch
+                                         ? wrap(verdict_pieces(fig.verdict), ", ", kTextW, kSize)
+                                         : wrap(words(fig.fallbacks[0].text), " ", kTextW, kSize);
   double y = 26;
   std::ostringstream head;
   for (size_t i = 0; i < title.size(); ++i, y += kTitlePitch)

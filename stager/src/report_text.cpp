@@ -28,6 +28,12 @@ std::string avoided(const Traffic& t) {
          one("reads", t.reads, t.pfs_reads, false);
 }
 
+// The first process that used Monarch is named in the summary when it came
+// late: a tenth of the job's time (and a second) after the map was ready.
+bool late_attach(const Figures& f) {
+  return f.first_pid > 0 && f.first_attached_s >= std::max(1.0, f.elapsed_s / 10);
+}
+
 // "10.00 s, 2.00 s, 2.50 s": every epoch's time; of a long job the first
 // three, the last and the median.
 std::string epoch_times(const std::vector<EpochFigures>& all) {
@@ -111,6 +117,40 @@ std::string capacity_line(const Verdict& v) {
                   : " (short by " + human_bytes(v.capacity_needed - v.quota) + ")");
 }
 
+// The cached copies, the tiers' use, the notes from the `first`: the end of
+// every summary.
+std::string cached_and_notes(const Figures& f, size_t first = 0) {
+  std::ostringstream o;
+  o << "  cached: " << count(f.cached_files) << " files, " << human_bytes(f.cached_bytes) << " ("
+    << pct(f.cached_bytes, f.dataset_bytes) << " of the dataset)";
+  if (f.fill_seconds > 0) o << " in " << fmt("%.1f", f.fill_seconds) << " s";
+  for (const Figures::Tier& tier : f.tiers)
+    o << "; " << tier.name << " " << human_bytes(tier.used) << " of " << human_bytes(tier.quota);
+  o << "\n";
+  if (!f.complete)
+    o << "  note: the statistics are incomplete: the stager did not stop normally (killed?); "
+         "they end at its last periodic flush, "
+      << fmt("%.1f", f.elapsed_s) << " s after it started\n";
+  for (size_t i = first; i < f.fallbacks.size(); ++i)
+    o << "  note: " << f.fallbacks[i].text << "\n";
+  return o.str();
+}
+
+// A job none of whose processes used Monarch: no share, epoch or verdict
+// (nothing of the job was seen); what the stager did, and why, instead.
+std::string unused_summary(const Figures& f) {
+  const Traffic& t = f.total;
+  std::ostringstream o;
+  o << "  " << f.fallbacks[0].text << "\n";
+  o << "  the stager's copies meanwhile: " << count(t.pfs_opens - t.job_pfs_opens) << " opens, "
+    << count(t.pfs_reads - t.job_pfs_reads) << " reads, " << human_bytes(t.stager_pfs_bytes)
+    << " from the PFS"
+    << (t.stager_pfs_bytes > 0 ? " (stage-ahead's first window: it goes further only as readers "
+                                 "read)\n"
+                               : "\n");
+  return o.str() + cached_and_notes(f, 1);
+}
+
 }  // namespace
 
 std::string job_summary_text(const std::vector<std::string>& jsons) {
@@ -118,7 +158,7 @@ std::string job_summary_text(const std::vector<std::string>& jsons) {
   for (const std::string& j : jsons) nodes.push_back(figures(j));
   double pfs = 0, job_pfs = 0, sent = 0, received = 0, dataset = 0;
   const Figures* slowest = nullptr;
-  std::string unfinished, gave_up, alone;
+  std::string unfinished, gave_up, alone, unused;
   for (const Figures& f : nodes) {
     pfs += f.total.pfs_bytes;
     job_pfs += f.total.job_pfs_bytes;
@@ -130,6 +170,7 @@ std::string job_summary_text(const std::vector<std::string>& jsons) {
     if (f.total.peers_failed > 0)
       gave_up += (gave_up.empty() ? "" : ", ") + f.host + " (" + count(f.total.peers_failed) + ")";
     if (f.total.alone > 0) alone += (alone.empty() ? "" : ", ") + f.host;
+    if (!f.used_monarch) unused += (unused.empty() ? "" : ", ") + f.host;
   }
   std::ostringstream o;
   o << "monarch: " << nodes[0].title << " on " << nodes.size() << " nodes, dataset "
@@ -148,6 +189,9 @@ std::string job_summary_text(const std::vector<std::string>& jsons) {
     o << "  nodes that gave another node up (dead, hung or unreachable): " << gave_up << "\n";
   if (!alone.empty())
     o << "  nodes that cached on their own, outside the job's cache: " << alone << "\n";
+  if (!unused.empty())
+    o << "  nodes where no process of the job used Monarch (" << kUnusedCauses << "): " << unused
+      << "\n";
   if (!unfinished.empty())
     o << "  stagers that did not finish (killed; their figures stop at their last flush): "
       << unfinished << "\n";
@@ -161,6 +205,7 @@ std::string summary_text(const std::string& json) {
   o << "monarch: " << f.title << (f.host.empty() ? "" : " on " + f.host) << ", dataset "
     << f.dataset << " (" << count(f.files) << " files, " << human_bytes(f.dataset_bytes) << ")"
     << (f.complete ? "" : " [incomplete]") << "\n";
+  if (!f.used_monarch) return o.str() + unused_summary(f);
   // First what a user wants to know, then the detail.
   o << "  epoch times: " << epoch_times(f.epochs) << "\n";
   o << "  served from node-local tiers: " << pct(t.local_bytes, t.bytes) << " of the bytes read, "
@@ -187,17 +232,12 @@ std::string summary_text(const std::string& json) {
       << rate(e.rate()) << "; PFS " << count(x.pfs_opens) << " opens, " << count(x.pfs_reads)
       << " reads, " << human_bytes(x.pfs_bytes) << "\n    avoided " << avoided(x) << "\n";
   }
-  o << "  cached: " << count(f.cached_files) << " files, " << human_bytes(f.cached_bytes) << " ("
-    << pct(f.cached_bytes, f.dataset_bytes) << " of the dataset)";
-  if (f.fill_seconds > 0) o << " in " << fmt("%.1f", f.fill_seconds) << " s";
-  for (const Figures::Tier& tier : f.tiers)
-    o << "; " << tier.name << " " << human_bytes(tier.used) << " of " << human_bytes(tier.quota);
-  o << "\n";
-  if (!f.complete)
-    o << "  note: the statistics are incomplete: the stager did not stop normally (killed?); "
-         "they end at its last periodic flush, "
-      << fmt("%.1f", f.elapsed_s) << " s after it started\n";
-  for (const Fallback& fb : f.fallbacks) o << "  note: " << fb.text << "\n";
+  if (late_attach(f))
+    o << "  the first process to use Monarch: pid " << count(f.first_pid) << " (" << f.first_command
+      << "), " << fmt("%.1f", f.first_attached_s)
+      << " s after the map was ready: any read of the dataset before then went to the PFS "
+         "unseen\n";
+  o << cached_and_notes(f);
   const Verdict& v = f.verdict;
   std::string lines = "verdict: " + (v.bound == "undecided" ? v.bound : v.bound + "-bound") +
                       " - " + v.reason + ".";
@@ -235,7 +275,12 @@ std::string report_json(const std::string& json) {
     o << (i ? "," : "") << "{\"name\":" << json_string(f.tiers[i].name)
       << ",\"quota\":" << jnum(f.tiers[i].quota) << ",\"used\":" << jnum(f.tiers[i].used)
       << ",\"full\":" << (f.tiers[i].full ? "true" : "false") << "}";
-  o << "],\"total\":" << traffic_json(f.total) << ",\"epochs\":[";
+  o << "],\"used_monarch\":" << (f.used_monarch ? "true" : "false")
+    << ",\"attached\":{\"processes\":" << (f.attached < 0 ? "null" : jnum(f.attached))
+    << ",\"first_pid\":" << jnum(f.first_pid)
+    << ",\"first_command\":" << json_string(f.first_command)
+    << ",\"first_s\":" << jnum(f.first_attached_s) << "}";
+  o << ",\"total\":" << traffic_json(f.total) << ",\"epochs\":[";
   for (size_t i = 0; i < f.epochs.size(); ++i) {
     const EpochFigures& e = f.epochs[i];
     o << (i ? "," : "") << "{\"number\":" << e.number

@@ -567,6 +567,17 @@ struct Stager {
     if (err) spdlog::warn("cannot write {}/{}: {}", tier_dirs[0], kStatsName, std::strerror(err));
   }
 
+  // The job's first process to use Monarch, once, in the log: a late one
+  // explains reads the statistics did not see.
+  bool attach_logged = false;
+  void log_first_attached() {
+    Stats::Attached a = stats->attached();
+    if (a.first_pid == 0) return;
+    attach_logged = true;
+    spdlog::info("the first process of the job to use Monarch: pid {} ({}), {:.1f} s after the map",
+                 a.first_pid, a.first_command, a.first_s);
+  }
+
   // Heartbeat and time series every 100 ms, statistics on disk and dead
   // claims every 5 s; epochs as often as Stats::tick asks.
   void tick() {
@@ -586,6 +597,7 @@ struct Stager {
       beat = now;
       map.map().header().heartbeat_ns.store(now);
       stats->sample(now);
+      if (!attach_logged) log_first_attached();
       if (++n % 50 == 0) {
         write_stats(false);
         copier->reap();
@@ -660,6 +672,10 @@ struct Stager {
     if (jobwide) jobwide->stop();  // the job's other nodes read the PFS from now on
     bool joined = copier->stop(uint64_t(config.stop_timeout_s) * 500'000'000);
     stats->tick(monotonic_ns());  // the last epoch's end, if the job ended right on it
+    if (!attach_logged) log_first_attached();
+    if (!attach_logged)
+      spdlog::warn("no process of the job used Monarch on this node: none loaded the job map ({})",
+                   kUnusedCauses);
     write_stats(true);
     unlinkat(tier_fds[0], kSocketName, 0);
     spdlog::info("stopped: {} copies, {} handed over by readers", counters[s_copies].load(),

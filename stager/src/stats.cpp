@@ -4,6 +4,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 namespace monarch {
@@ -114,6 +115,18 @@ uint64_t Stats::tick(uint64_t now_ns) {
   return left <= size / 10 || double(left) <= per_ns_ * 3 * kSlow ? kFast : kSlow;
 }
 
+void Stats::note_first_attached() const {
+  if (first_.first_pid != 0) return;
+  const Header& h = map_.header();
+  int32_t pid = h.first_attached_pid.load(std::memory_order_acquire);
+  if (pid <= 0) return;  // none yet
+  uint64_t ns = h.first_attached_ns.load(std::memory_order_relaxed);
+  first_.first_pid = pid;
+  first_.first_s = ns > start_ns_ ? double(ns - start_ns_) / 1e9 : 0;
+  first_.first_command.assign(h.first_attached_comm,
+                              strnlen(h.first_attached_comm, sizeof h.first_attached_comm));
+}
+
 Stats::Cached Stats::complete_copies() const {
   Cached c;
   for (uint64_t i = 0; i < map_.size(); ++i) {
@@ -126,8 +139,17 @@ Stats::Cached Stats::complete_copies() const {
   return c;
 }
 
+Stats::Attached Stats::attached() const {
+  std::lock_guard lock(mu_);
+  note_first_attached();
+  Attached a = first_;
+  a.processes = map_.header().attached.load(std::memory_order_relaxed);
+  return a;
+}
+
 void Stats::sample(uint64_t now_ns) {
   std::lock_guard lock(mu_);
+  note_first_attached();
   uint64_t elapsed_ms = (now_ns - start_ns_) / 1'000'000;
   size_t ended = elapsed_ms / interval_ms_;  // intervals that have ended by now
   if (ended <= served_.size()) return;       // the current one is still open
@@ -229,6 +251,11 @@ std::string Stats::json(bool complete, double fill_seconds) const {
     << ",\"metadata_calls\":" << index_.metadata_calls << ",\"seconds\":" << index_.seconds
     << ",\"stopped\":" << (index_.stopped ? 1 : 0) << ",\"map_bytes\":" << map_.header().file_size
     << "}";
+  note_first_attached();
+  o << ",\"attached\":{\"processes\":" << map_.header().attached.load(std::memory_order_relaxed)
+    << ",\"first_pid\":" << first_.first_pid
+    << ",\"first_command\":" << json_string(first_.first_command)
+    << ",\"first_s\":" << first_.first_s << "}";
   o << ",\"cached\":{\"files\":" << cached.files << ",\"bytes\":" << cached.bytes
     << ",\"fill_seconds\":" << fill_seconds << "}";
   o << ",\"totals\":";

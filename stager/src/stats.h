@@ -23,6 +23,13 @@ namespace monarch {
 inline constexpr const char* kStatsSchema = "monarch-stats/2";
 inline constexpr const char* kStatsSchemaV1 = "monarch-stats/1";
 
+// What keeps a job's processes from loading the job map, most likely first:
+// the words of the report and of the stager's log.
+inline constexpr const char* kUnusedCauses =
+    "a container that hides the job directory or clears LD_PRELOAD (enroot start, apptainer "
+    "--cleanenv: README, \"Containers\"), a static or non-glibc program, or a job that did not "
+    "read the dataset";
+
 struct JobInfo {
   std::string job, host, user, dataset, consistency, config_file;
   std::vector<std::string> tier_names, tier_dirs;
@@ -42,8 +49,20 @@ class Stats {
   // boundary, so that each epoch's counters are exact to about a millisecond
   // of the job's traffic (the boundary is interpolated between two polls).
   uint64_t tick(uint64_t now_ns);
-  // Every 100 ms or so: closes the time series' intervals that have ended.
+  // Every 100 ms or so: closes the time series' intervals that have ended,
+  // and notes the job's first process to load the map (Header::attached).
   void sample(uint64_t now_ns);
+  // The job's processes that loaded the map, and the first of them: its pid
+  // (0 until one has; in its own PID namespace), its command name as the
+  // process wrote it, and when, in seconds from the statistics' start (0 for
+  // a load before it).
+  struct Attached {
+    uint32_t processes = 0;
+    int32_t first_pid = 0;
+    std::string first_command;
+    double first_s = 0;
+  };
+  Attached attached() const;
   // The whole statistics as JSON. `complete`: the stager stopped normally.
   std::string json(bool complete, double fill_seconds) const;
 
@@ -62,6 +81,9 @@ class Stats {
   Cached complete_copies() const;
   // Halves the time series' resolution (REQUIRES mu_ held).
   void halve();
+  // Takes the first process's pid and time from the map, once the library has
+  // written both, and keeps them (REQUIRES mu_ held).
+  void note_first_attached() const;
 
   const JobMap& map_;
   const std::atomic<uint64_t>* stager_;
@@ -82,6 +104,7 @@ class Stats {
   uint64_t cached_ms_ = 0;
   std::array<uint64_t, kMapTiers> cached_now_{};
   Snapshot last_;
+  mutable Attached first_;  // processes unused; the rest set once, by note_first_attached()
   std::vector<std::array<uint64_t, kMapTiers + 2>> served_;  // tiers..., pfs, stager copies
   std::vector<std::array<uint64_t, kMapTiers>> cached_;
 };

@@ -1,15 +1,17 @@
 #!/usr/bin/python3
 """PFS traffic, counted by the PFS itself (a counting FUSE mount), not by
 Monarch: what reaches the PFS per epoch when the whole dataset fits, when half
-fits, and when eight processes read at once."""
+fits, when eight processes read at once, and when no process uses Monarch."""
 import json
 import os
 import subprocess
 import tempfile
 import unittest
 
-from harness import (AFTER_INDEX, Case, FULL, PY, READER, SMALL, Pfs, TierWatch, conf_file,
+from harness import (AFTER_INDEX, BUILD, Case, FULL, PY, READER, SMALL, Pfs, TierWatch, conf_file,
                      dataset, dataset_bytes, epoch_deltas, read_dataset, reference, run, tier)
+
+MONARCH_REPORT = os.path.join(BUILD, "stager", "monarch-report")
 
 
 def copying(test, t, quota="10G"):
@@ -241,6 +243,56 @@ class ManyProcesses(Case):
         made = stats["totals"]["stager"]["copies"] + stats["totals"]["stager"]["handoffs"]
         self.assertGreater(stats["cached"]["files"], 0)
         self.assertEqual(made, stats["cached"]["files"], "a file was copied more than once")
+
+
+class NobodyUsesMonarch(Case):
+    def test_unused_job_is_reported_and_costs_one_window(self):
+        # A job whose program never loads the library (LD_PRELOAD cleared, as
+        # `enroot start` or `apptainer --cleanenv` do) reads the whole dataset
+        # from the PFS behind Monarch's back, then sleeps: the summary says no
+        # process used Monarch, and stage-ahead copied its first window and no
+        # more (4% of the dataset, or one file larger than that), as the PFS's
+        # own counters show. The same job with the library is the control.
+        root = dataset("small", **SMALL)
+        size = dataset_bytes(root)
+        largest = max(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(root)
+                      for n in ns)
+        window = 0.04 * size
+        for preload in (False, True):
+            with Pfs(root) as pfs:
+                t = tier(self)
+                report = os.path.join(t, "stats.json")
+                reader = [PY, READER, pfs.dataset, "--mode", "read", "--epochs", "1"]
+                before = pfs.counts()
+                p = run(AFTER_INDEX + ([] if preload else ["env", "-u", "LD_PRELOAD"]) + reader +
+                        ["--pause", "2"],  # time for stage-ahead to go as far as it may
+                        monarch=["--dataset", pfs.dataset, *copying(self, t), "--report", report])
+                pfs_bytes = pfs.counts()["bytes"] - before["bytes"]
+            with open(report) as f:
+                stats = json.load(f)
+            copied = stats["totals"]["stager"]["pfs_bytes"]
+            print(f"LD_PRELOAD {'kept' if preload else 'removed'}: {stats['attached']}; the "
+                  f"stager copied {copied / size:.3f} of the dataset, the PFS served "
+                  f"{pfs_bytes / size:.3f}")
+            if preload:
+                self.assertGreaterEqual(stats["attached"]["processes"], 1)
+                self.assertGreater(stats["attached"]["first_pid"], 0)
+                self.assertIn("python", stats["attached"]["first_command"])
+                self.assertNotIn("no process of the job used Monarch", p.stderr)
+                self.assertIn("the job read ", p.stderr)
+                continue
+            self.assertEqual(stats["attached"]["processes"], 0)
+            self.assertEqual(stats["totals"]["opens"], 0)
+            self.assertIn("no process of the job used Monarch: none loaded the job map", p.stderr)
+            self.assertIn("clears LD_PRELOAD", p.stderr)
+            self.assertNotIn("the job read 0 B", p.stderr)
+            self.assertGreater(copied, 0, "stage-ahead's first window")
+            self.assertLessEqual(copied, window + largest, p.stderr[-3000:])
+            # The PFS served the reader's one pass and the stager's copies, no more.
+            self.assertLessEqual(pfs_bytes, size + window + largest + (1 << 20), p.stderr[-3000:])
+            report_json = subprocess.run([MONARCH_REPORT, "--json", report], capture_output=True,
+                                         text=True, check=True).stdout
+            self.assertFalse(json.loads(report_json)["used_monarch"])
 
 
 class FastDataset(Case):

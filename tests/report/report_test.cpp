@@ -81,6 +81,9 @@ struct Job {
   Values extra_stager;
   std::string host = "n1", job = "job42";
   double elapsed = 14.5;
+  // The processes that loaded the job map (-1: statistics without the count)
+  // and when the first did, in seconds.
+  double attached = 3, first_s = 0.2;
   // 14 one-second samples (of the tier) sum to 2,000,000 of its 2,400,000
   // bytes: the last 0.5 s holds the other 400,000.
   std::string series =
@@ -108,7 +111,12 @@ struct Job {
       << "\"quota\":" << uint64_t(quota) << ",\"used\":" << uint64_t(cached)
       << ",\"full\":false}],\"index\":{\"files\":100,\"bytes\":1000000},\"cached\":{\"files\":"
       << uint64_t(cached / 1e4) << ",\"bytes\":" << uint64_t(cached) << ",\"fill_seconds\":" << fill
-      << "},\"totals\":" << counters(tj, ts) << ",\"epochs\":[";
+      << "},";
+    if (attached >= 0)
+      o << "\"attached\":{\"processes\":" << attached
+        << ",\"first_pid\":" << (attached > 0 ? 4242 : 0) << ",\"first_command\":\""
+        << (attached > 0 ? "python3" : "") << "\",\"first_s\":" << first_s << "},";
+    o << "\"totals\":" << counters(tj, ts) << ",\"epochs\":[";
     for (size_t i = 0; i < epochs.size(); ++i)
       o << (i ? "," : "") << "{\"number\":" << i + 1
         << ",\"complete\":true,\"start_s\":" << epochs[i].start << ",\"end_s\":" << epochs[i].end
@@ -470,6 +478,95 @@ TEST(ReportSummary, StartsWithEpochTimesLocalShareAndTrafficAvoided) {
   Job none;
   none.epochs.clear();
   EXPECT_TRUE(has(summary_text(none.json()), "epoch times: none yet")) << summary_text(none.json());
+}
+
+// A job none of whose processes loaded the job map (LD_PRELOAD cleared by
+// `enroot start`, a static program): nothing of it was seen; the stager
+// copied its first window ahead (40 files, 400,000 bytes).
+Job unused_job() {
+  Job j;
+  j.epochs.clear();
+  j.attached = 0;
+  j.cached = 4e5;
+  j.extra_totals.clear();
+  j.extra_stager = {{"copies", 40}, {"pfs_opens", 40}, {"pfs_reads", 40}, {"pfs_bytes", 4e5}};
+  return j;
+}
+
+TEST(ReportUnused, SaysNoProcessUsedMonarchAndWhyNotReadZero) {
+  std::string text = summary_text(unused_job().json());
+  std::istringstream in(text);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_GE(lines.size(), 4u) << text;
+  // Right after the title, with its likely causes.
+  EXPECT_EQ(lines[1].rfind("  no process of the job used Monarch: none loaded the job map", 0), 0u)
+      << text;
+  EXPECT_TRUE(has(lines[1], "clears LD_PRELOAD")) << text;
+  EXPECT_TRUE(has(lines[1], "README, \"Containers\"")) << text;
+  EXPECT_TRUE(has(lines[1], "a static or non-glibc program")) << text;
+  EXPECT_EQ(lines[2],
+            "  the stager's copies meanwhile: 40 opens, 40 reads, 390.6 KiB from the PFS "
+            "(stage-ahead's first window: it goes further only as readers read)");
+  EXPECT_TRUE(has(text, "cached: 40 files, 390.6 KiB (40.0% of the dataset)")) << text;
+  // None of the figures of a job that was seen.
+  for (const char* part : {"read 0 B", "epoch times", "served from node-local tiers",
+                           "PFS traffic avoided", "verdict", "note: no process"})
+    EXPECT_FALSE(has(text, part)) << part << "\n" << text;
+
+  pt::ptree r = tree(report_json(unused_job().json()));
+  EXPECT_FALSE(r.get<bool>("used_monarch"));
+  EXPECT_EQ(r.get<double>("attached.processes"), 0);
+  EXPECT_EQ(r.get_child("fallbacks").front().second.get<std::string>("counter"),
+            "attached.processes");
+  EXPECT_EQ(r.get_child("fallbacks")
+                .front()
+                .second.get<std::string>("text")
+                .rfind("no process of the job used Monarch", 0),
+            0u);
+
+  std::string svg = report_svg(unused_job().json());
+  EXPECT_TRUE(has(svg, ">no process of the job used Monarch:")) << svg.substr(0, 2000);
+  EXPECT_FALSE(has(svg, "verdict")) << svg.substr(0, 2000);
+  EXPECT_FALSE(has(svg, "of the bytes read came from")) << svg.substr(0, 2000);
+}
+
+TEST(ReportUnused, OnlyWhenNoProcessAttachedAndNoneWasCounted) {
+  EXPECT_TRUE(figures(Job().json()).used_monarch);
+  pt::ptree r = tree(report_json(Job().json()));
+  EXPECT_TRUE(r.get<bool>("used_monarch"));
+  EXPECT_EQ(r.get<double>("attached.processes"), 3);
+  EXPECT_EQ(r.get<std::string>("attached.first_command"), "python3");
+  // Statistics written before processes were counted: nothing is claimed.
+  Job old = unused_job();
+  old.attached = -1;
+  EXPECT_TRUE(figures(old.json()).used_monarch);
+  EXPECT_EQ(tree(report_json(old.json())).get_child("attached.processes").data(), "null");
+  EXPECT_FALSE(has(summary_text(old.json()), "no process of the job used Monarch"));
+  // A process's counted call is a process that used Monarch, whatever the count says.
+  Job counted = unused_job();
+  counted.extra_totals = {{"stat_index", 1}};
+  EXPECT_TRUE(figures(counted.json()).used_monarch);
+}
+
+TEST(ReportUnused, TheJobsSummaryNamesTheNodes) {
+  Job a, b = unused_job();
+  b.host = "n2";
+  std::string text = job_summary_text({a.json(), b.json()});
+  EXPECT_TRUE(has(text, "nodes where no process of the job used Monarch (")) << text;
+  EXPECT_TRUE(has(text, "): n2\n")) << text;
+  EXPECT_FALSE(has(job_summary_text({a.json(), a.json()}), "no process"));
+}
+
+TEST(ReportSummary, NamesAFirstProcessThatCameLate) {
+  Job j;
+  j.first_s = 5;  // a third of the job's 14.5 s
+  EXPECT_TRUE(has(summary_text(j.json()),
+                  "  the first process to use Monarch: pid 4242 (python3), 5.0 s after the map "
+                  "was ready: any read of the dataset before then went to the PFS unseen\n"))
+      << summary_text(j.json());
+  j.first_s = 1.2;  // under a tenth of the job's time
+  EXPECT_FALSE(has(summary_text(j.json()), "the first process to use Monarch"));
 }
 
 // Every percentage the summary says (shares of bytes, reads, time).

@@ -6,6 +6,7 @@
 #include <boost/property_tree/json_parser.hpp>
 #include <boost/property_tree/ptree.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -70,6 +71,39 @@ double sum(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return s;
+}
+
+// The job's processes that loaded the map, as the library leaves them in its
+// header: the count, and the first one once its pid is there (written last).
+TEST_F(StatsSeries, ProcessesThatLoadedTheMapAndTheFirst) {
+  Header& h = mapped.map().header();
+  auto attached = [&] {
+    pt::ptree t;
+    std::istringstream in(stats->json(true, 0));
+    pt::read_json(in, t);
+    return t.get_child("attached");
+  };
+  EXPECT_EQ(attached().get<int>("processes"), 0);
+  EXPECT_EQ(attached().get<int>("first_pid"), 0);
+  h.attached = 1;  // counted, its pid not written yet: no first process
+  std::memcpy(h.first_attached_comm, "train\x01\"er", 9);  // the job's own bytes
+  h.first_attached_ns = start + 1500 * kMs;
+  stats->sample(start + 100 * kMs);
+  EXPECT_EQ(stats->attached().first_pid, 0);
+  h.first_attached_pid = 4242;
+  h.attached = 3;
+  stats->sample(start + 200 * kMs);
+  Stats::Attached a = stats->attached();
+  EXPECT_EQ(a.processes, 3u);
+  EXPECT_EQ(a.first_pid, 4242);
+  EXPECT_EQ(a.first_command, "train\x01\"er");
+  EXPECT_NEAR(a.first_s, 1.5, 0.1);
+  pt::ptree t = attached();  // valid JSON whatever the name holds
+  EXPECT_EQ(t.get<int>("processes"), 3);
+  EXPECT_EQ(t.get<int>("first_pid"), 4242);
+  EXPECT_EQ(t.get<std::string>("first_command"), "train\x01\"er");
+  h.first_attached_pid = 7;  // kept from the first sight
+  EXPECT_EQ(stats->attached().first_pid, 4242);
 }
 
 TEST_F(StatsSeries, OneSamplePerTenthOfASecondInPlace) {
