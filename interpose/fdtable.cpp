@@ -84,6 +84,7 @@ FdEntry* track(int fd, JobMap* m, uint32_t file, Kind kind) {
   if (!e) return nullptr;
   if (e->kind.load()) untrack(e);
   e->tier = 0;
+  e->view = kNoView;
   e->shared = e->gave_up = e->placed = e->stream = e->switched = e->direct = false;
   e->lock.clear();
   e->file = file;
@@ -126,6 +127,7 @@ void duplicate(FdEntry* from, int to) {
   if (e->kind.load()) untrack(e);
   from->shared = true;
   e->tier = from->tier;
+  e->view = from->view;
   e->shared = true;
   e->gave_up = from->gave_up;
   e->placed = from->placed;

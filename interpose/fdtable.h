@@ -44,9 +44,12 @@ struct Whole {
 };
 Whole* make_whole(char* data, uint64_t size);  // null when it cannot be mapped
 
+inline constexpr uint8_t kNoView = 0xff;  // FdEntry::view when the path is not known
+
 struct FdEntry {
   std::atomic<uint8_t> kind;
   uint8_t tier;   // kLocal: the copy's tier
+  uint8_t view;   // kLocal: the view of the dataset root the program named the file through
   bool shared;    // dup'd or inherited: the offset may move under us, read() is not emulated
   bool gave_up;   // kPfs: never served from a copy again (stall, version, failure)
   bool placed;    // kPfs: a kPlace was sent for it

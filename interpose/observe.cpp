@@ -90,12 +90,14 @@ ssize_t on_readlink(int dirfd, const char* path, char* buf, size_t size, Pass<ss
   int fd = magic_fd(path);
   FdEntry* e = fd >= 0 && size > 0 ? local_copy(fd) : nullptr;
   if (!e) return pass();
-  // The kernel names the PFS file by its physical path here.
+  // The kernel names the PFS file by the path of the mount it was opened
+  // through: the view the program named it through, resolved.
   const Located& l = located();
-  if (!l.views || !l.physical[l.pfs]) return pass();
+  if (!l.views) return pass();
+  int v = e->view < l.views ? e->view : l.pfs;
   std::string_view rel = e->map->path(e->file);
   char name[2 * kPathMax];
-  int n = std::snprintf(name, sizeof name, "%s/%.*s", l.view[l.pfs], int(rel.size()), rel.data());
+  int n = std::snprintf(name, sizeof name, "%s/%.*s", l.real[v], int(rel.size()), rel.data());
   if (n <= 0 || size_t(n) >= sizeof name) return pass();
   size_t len = std::min<size_t>(size_t(n), size);
   std::memcpy(buf, name, len);

@@ -96,7 +96,7 @@ void changing(int dirfd, const char* path, bool follow, bool names) {
 
 // Opens the copy of `file` on `tier` with the caller's flags, tracked; -1 when
 // it cannot (the caller then opens the PFS file).
-int open_copy(JobMap* m, uint32_t file, uint32_t tier, int flags) {
+int open_copy(JobMap* m, uint32_t file, uint32_t tier, int flags, uint8_t view) {
   char path[2 * kPathMax + 64];
   if (!copy_path(m, file, tier, path, sizeof path)) return -1;
   int fd = real::open(path, flags);
@@ -112,6 +112,7 @@ int open_copy(JobMap* m, uint32_t file, uint32_t tier, int flags) {
     return -1;
   }
   e->tier = uint8_t(tier);
+  e->view = view;
   e->dev = st.st_dev;
   e->ino = st.st_ino;
   add(m, c_tier_opens + tier);
@@ -258,12 +259,14 @@ void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
 }
 
 // An open for reading of the indexed dataset file `file`.
-int open_file(JobMap* m, uint32_t file, int dirfd, const char* path, int flags, Pass<int> pass) {
+int open_file(JobMap* m, const Resolved& r, int dirfd, const char* path, int flags,
+              Pass<int> pass) {
+  uint32_t file = r.id;
   bool failed;
   State s = open_state(m, file, dirfd, path, failed);
   if (failed) return pass();
   if (s.state == kCached) {
-    int fd = open_copy(m, file, s.tier, flags);
+    int fd = open_copy(m, file, s.tier, flags, r.view);
     if (fd >= 0) return fd;
   }
   int fd = pass();
@@ -309,7 +312,7 @@ int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass)
     if (fd >= 0) untrack(fd);  // a number reused behind Monarch's back
     return fd;
   }
-  return open_file(m, r.id, dirfd, path, flags, pass);
+  return open_file(m, r, dirfd, path, flags, pass);
 }
 
 FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
@@ -348,6 +351,7 @@ FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
                      : nullptr;
     if (e) {
       e->tier = uint8_t(s.tier);
+      e->view = r.view;
       e->dev = st.st_dev;
       e->ino = st.st_ino;
       e->stream = true;

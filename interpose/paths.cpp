@@ -53,9 +53,9 @@ class Walk {
         std::string_view rel = this->rel();
         if (last && !trailing) {
           int64_t f = m_.find(rel);
-          if (f >= 0) return {Where::kFile, uint32_t(f)};
+          if (f >= 0) return {Where::kFile, uint32_t(f), view_};
           int64_t d = dir(rel);
-          if (d >= 0) return {Where::kDir, uint32_t(d)};
+          if (d >= 0) return {Where::kDir, uint32_t(d), view_};
           return {Where::kUnsure};  // not indexed: a link, a new file, nothing...
         }
         if (dir(rel) < 0) return {Where::kUnsure};  // must be a directory the index knows
@@ -63,9 +63,9 @@ class Walk {
       comp = after;
     }
     if (!inside_) return {};
-    if (n_ == base_) return {Where::kDir, kRoot};
+    if (n_ == base_) return {Where::kDir, kRoot, view_};
     int64_t d = dir(rel());
-    return d >= 0 ? Resolved{Where::kDir, uint32_t(d)} : Resolved{Where::kUnsure};
+    return d >= 0 ? Resolved{Where::kDir, uint32_t(d), view_} : Resolved{Where::kUnsure};
   }
 
  private:
@@ -108,6 +108,7 @@ class Walk {
       inside_ = true;
       via_real_ = v_.v[i].physical;
       base_ = n_;
+      view_ = uint8_t(i);
       if (via_real_) break;  // a physical one wins: ".." from it is exact
     }
     return true;
@@ -124,6 +125,7 @@ class Walk {
           a[real.size()] == '/') {
         inside_ = via_real_ = true;
         base_ = real.size();
+        view_ = uint8_t(i);
         return dir(rel()) >= 0;
       }
     }
@@ -139,6 +141,7 @@ class Walk {
   bool physical_ = true;  // outside: abs_ is a physical path, so ".." may remove a component
   bool inside_ = false;
   bool via_real_ = false;  // inside: the root was reached by its real path
+  uint8_t view_ = 0;       // inside: through which view
 };
 
 }  // namespace

@@ -29,6 +29,7 @@ enum class Where : uint8_t {
 struct Resolved {
   Where where = Where::kOutside;
   uint32_t id = 0;
+  uint8_t view = 0;  // inside: the view the path entered the dataset through
 };
 inline constexpr uint32_t kRoot = 0xffffffff;  // Resolved::id of the dataset root
 

@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -160,7 +161,17 @@ void add_view(Located& l, const JobMap& m, std::string_view path) {
   for (int i = 0; i < l.views; ++i)
     if (std::strcmp(l.view[i], p) == 0) return;
   if (!same_dir(p, m.root_dev(), m.root_ino())) return;
-  int i = l.views++;
+  // The kernel's own name for it: what /proc/self/fd shows of a file opened through it.
+  int fd = real::open(p, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  char link[64];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  int i = l.views;
+  ssize_t n = real::readlink(link, l.real[i], sizeof l.real[i] - 1);
+  real::close(fd);
+  if (n <= 0 || l.real[i][0] != '/') return;
+  l.real[i][n] = 0;
+  l.views++;
   std::memcpy(l.view[i], p, path.size() + 1);
   l.len[i] = path.size();
   l.physical[i] = no_links(p);
@@ -181,17 +192,47 @@ bool shows_other(const JobMap& m, const char* point, std::string_view rel) {
   return e.dev != uint64_t(st.st_dev) || e.ino != uint64_t(st.st_ino);
 }
 
-// Drops the views inside which a mount shows another file or directory
-// than the index holds at that path (a container's second bind over
-// /data/sub): Monarch would serve the index's bytes where the kernel reads
-// the mount's.
+// Do the directories where the stager's walk crossed into another file
+// system (a directory on another device than its parent's) show the same
+// directories below `base` here? A container that binds the dataset without
+// its submounts shows what lies under them instead.
+bool index_mounts_here(const JobMap& m, const char* base) {
+  for (uint64_t d = 0; d < m.dirs(); ++d) {
+    const DirEntry& e = m.dir(uint32_t(d));
+    std::string_view rel = m.dir_path(uint32_t(d));
+    if (rel.empty()) return false;
+    size_t slash = rel.rfind('/');
+    uint64_t parent = m.root_dev();
+    if (slash != std::string_view::npos) {
+      int64_t p = m.find_dir({rel.data(), slash});
+      if (p < 0) return false;
+      parent = m.dir(uint32_t(p)).dev;
+    }
+    if (e.dev == parent) continue;
+    char path[2 * kPathMax];
+    int n = std::snprintf(path, sizeof path, "%s/%.*s", base, int(rel.size()), rel.data());
+    struct stat st;
+    if (n <= 0 || size_t(n) >= sizeof path || real::stat(path, &st) != 0 ||
+        uint64_t(st.st_dev) != e.dev || uint64_t(st.st_ino) != e.ino)
+      return false;
+  }
+  return true;
+}
+
+// Drops the views through which this namespace shows other files than the
+// index holds: a mount inside one that shows another file or directory (a
+// container's second bind over /data/sub), or a file system the index
+// crossed that is not mounted there. Monarch would serve the index's bytes
+// where the kernel reads others. Mount points are the kernel's names: each
+// view is judged by its own (`real`).
 void drop_shadowed(Located& l, const JobMap& m) {
   bool shadowed[kViews] = {};
+  for (int i = 0; i < l.views; ++i) shadowed[i] = !index_mounts_here(m, l.real[i]);
   for_each_mount([&](const Mount& mt) {
     for (int i = 0; i < l.views; ++i) {
       const char* point = mt.point.data();  // NUL-terminated: parse_mount cut the line there
-      size_t skip = l.len[i] + 1;  // the view and its '/'
-      if (mt.point.size() > skip && has_prefix(point, l.view[i], l.len[i]) &&
+      size_t len = std::strlen(l.real[i]), skip = len + 1;  // the view and its '/'
+      if (mt.point.size() > skip && has_prefix(point, l.real[i], len) &&
           shows_other(m, point, {point + skip, mt.point.size() - skip}))
         shadowed[i] = true;
     }
@@ -199,13 +240,14 @@ void drop_shadowed(Located& l, const JobMap& m) {
   int kept = 0;
   for (int i = 0; i < l.views; ++i) {
     if (shadowed[i]) {
-      note("a mount inside %s shows other files than the dataset's there: paths through it are "
+      note("%s shows other files than the dataset's below it (mounts): paths through it are "
            "read from the PFS",
            l.view[i]);
       continue;
     }
     if (kept != i) {
       std::memcpy(l.view[kept], l.view[i], l.len[i] + 1);
+      std::memcpy(l.real[kept], l.real[i], std::strlen(l.real[i]) + 1);
       l.len[kept] = l.len[i];
       l.physical[kept] = l.physical[i];
     }
@@ -275,7 +317,10 @@ const Located* locate(const JobMap& m) {
 // What a container hides from this process, said once per process: the
 // reads it concerns go to the PFS.
 void say_hidden(const JobMap& m, const Located& l) {
-  if (P.hidden_noted.exchange(1)) return;
+  bool hidden = l.views == 0;
+  for (uint32_t t = 0; t < m.tiers(); ++t) hidden |= !l.tier[t][0];
+  // Once per process, and once per node: the map says whether another said it.
+  if (!hidden || P.hidden_noted.exchange(1) || m.header().said_hidden.exchange(1)) return;
   if (l.views == 0)
     say("monarch: the dataset %s is not visible in this process as a whole (a container that "
         "mounts a part of it?): its files are read from the PFS",
@@ -290,6 +335,9 @@ void say_hidden(const JobMap& m, const Located& l) {
 JobMap* load_map() {
   uint64_t now = monotonic_ns();
   if (now < P.next_load_ns.load()) return P.map.load();
+  // A vfork child runs in its parent's memory: a map it adopted would skip
+  // what only the owner does on adopting one (writers_already_open...).
+  if (!owner()) return P.map.load();
   if (P.loading.exchange(1)) {
     // Another thread loads it: its map, once there, is this call's too (a
     // thread that went on without it would read that file behind Monarch's
@@ -327,6 +375,13 @@ JobMap* load_map() {
                (st.st_uid == geteuid() || st.st_uid == getuid()) && !(st.st_mode & 022);
   if (fd >= 0 && !owned && !P.owner_noted.exchange(1))
     note("%s is not this user's own file: reading from the PFS", path);
+  if (fd < 0 && errno != ENOENT && !P.owner_noted.exchange(1)) {
+    // Read-only (a container's read-only bind), or not this user's: the
+    // library writes to the map (states, counters); Monarch stays off here.
+    say("monarch: cannot open the job map %s: %s: this process reads from the PFS", path,
+        std::strerror(errno));
+    P.seeking = false;
+  }
   if (owned && (!result || st.st_ino != P.index_ino) && S_ISREG(st.st_mode) &&
       size_t(st.st_size) >= sizeof(Header)) {
     void* base = real::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -346,6 +401,10 @@ JobMap* load_map() {
         why = "another dataset";
       const Located* l = why.empty() ? locate(*m) : nullptr;
       if (why.empty() && !l) why = "no memory";
+      // A job directory found by its name alone may be another job's, left
+      // behind: only a map whose stager runs is this job's.
+      if (why.empty() && P.job_dir_by_mount && !m->stager_alive(monotonic_ns()))
+        why = "its stager is not running (another job's directory of the same name?)";
       if (why.empty()) {
         // Maps are never unmapped: descriptors opened under an older one still use it.
         P.located = l;
@@ -522,7 +581,10 @@ void note(const char* fmt, ...) {
 }
 
 void say(const char* fmt, ...) {
-  if (P.quiet) return;
+  struct stat st;
+  if (P.quiet || real::fstat(2, &st) != 0 || uint64_t(st.st_dev) != P.stderr_dev ||
+      uint64_t(st.st_ino) != P.stderr_ino)
+    return;
   P.said = true;
   va_list ap;
   va_start(ap, fmt);
@@ -537,10 +599,15 @@ Views Located::as_views() const {
 }
 
 void seek_map() {
+  // Never waits for a load under way (this thread's own, in a signal
+  // handler, would never end), and costs at most a few percent of a thread:
+  // a node with thousands of mounts makes a look slow.
   uint64_t now = monotonic_ns();
-  if (now < P.next_seek_ns.load(std::memory_order_relaxed)) return;
+  if (now < P.next_seek_ns.load(std::memory_order_relaxed) || P.loading.load()) return;
   P.next_seek_ns = now + 50'000'000;
   current_map();
+  uint64_t took = monotonic_ns() - now;
+  P.next_seek_ns = now + std::max<uint64_t>(50'000'000, 30 * took);
 }
 
 Resolved where(int dirfd, const char* path, JobMap*& m, bool any_dirfd) {
@@ -599,6 +666,7 @@ bool is_dir(const char* path, size_t n) {
 // (monarch-run starts the command first). Its identity is checked when the
 // map is adopted (tier 0's).
 bool find_job_dir(const char* job) {
+  P.job_dir_by_mount = false;
   if (is_dir(job, std::strlen(job))) return true;
   bool found = false;
   for_each_mount([&](const Mount& m) {
@@ -606,7 +674,7 @@ bool find_job_dir(const char* job) {
       if (found || c.size() >= sizeof P.job_dir || !is_dir(c.data(), c.size())) return;
       std::memcpy(P.job_dir, c.data(), c.size());
       P.job_dir[c.size()] = 0;
-      found = true;
+      found = P.job_dir_by_mount = true;
     });
   });
   const char* slash = std::strrchr(job, '/');
@@ -691,7 +759,9 @@ __attribute__((constructor)) void init() {
   // What say() prints once per task: in Slurm's task 0 (the others would
   // repeat it), and not again in the programs it starts.
   const char* rank = getenv("SLURM_PROCID");
-  P.quiet = (rank && std::strcmp(rank, "0") != 0) || getenv(kEnvSaid);
+  struct stat err;
+  P.quiet = (rank && std::strcmp(rank, "0") != 0) || getenv(kEnvSaid) || real::fstat(2, &err) != 0;
+  if (!P.quiet) P.stderr_dev = err.st_dev, P.stderr_ino = err.st_ino;
   if (!real::libc_is_glibc()) {
     refuse_other_libc(getenv(kEnvDataset));
   } else {

@@ -27,6 +27,7 @@ struct Located {
   bool physical[kViews];
   size_t len[kViews];
   char view[kViews][kPathMax];
+  char real[kViews][kPathMax];  // the kernel's name of each view (symbolic links resolved)
   char tier[kMapTiers][kPathMax];  // each tier's job directory here; "" where it is not visible
   Views as_views() const;
 };
@@ -36,6 +37,10 @@ struct Process {
   bool log;
   bool quiet;  // say() says nothing: not Slurm's task 0, or an ancestor said it
   bool said;
+  // Descriptor 2 as the program started with it: say() writes only there
+  // (a program that closed it may have given the number to its own file).
+  uint64_t stderr_dev, stderr_ino;
+  bool job_dir_by_mount;  // P.job_dir is a mount's, found by its name: its stager must be alive
   // The process that owns this memory. A vfork child (Python's subprocess,
   // posix_spawn) runs in its parent's memory until it calls exec: it must
   // never change Monarch's state, which describes the parent's descriptors.

@@ -202,6 +202,9 @@ struct Header {
   std::atomic<int32_t> first_attached_pid;
   std::atomic<uint64_t> first_attached_ns;
   char first_attached_comm[16];
+  // A process said that a part of the job is not visible to it (a
+  // container's mounts): the others on this node need not say it again.
+  std::atomic<uint32_t> said_hidden;
 };
 
 // Whether the stager that made the job map in the job directory `job_dir_fd`

@@ -6,6 +6,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -164,6 +165,8 @@ TEST_F(Handlers, ADatasetAndJobDirectoryMountedElsewhereAreFoundByIdentity) {
   P.next_load_ns = 0;
   ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
   EXPECT_EQ(std::string(P.job_dir), elsewhere.string());  // found by its name
+  // A job directory found by its name is adopted with a running stager only.
+  m->header().heartbeat_ns = monotonic_ns();
   // No map yet: the first open of any absolute path looks for it.
   int fd = open_((data / "a.bin").string());
   ASSERT_GE(fd, 0);
@@ -318,6 +321,266 @@ TEST_F(Handlers, ADamagedMapIsNeverTrusted) {
   real::close(fd);
   mapped.map().header().file_size = 1ull << 40;
   EXPECT_FALSE(JobMap(&mapped.map().header(), mapped.bytes()).valid());
+}
+
+// ---- Review 4 (issue 24: views and job directories found by identity) ----
+
+// A process whose map is loaded by an open (seek_map) while it holds a
+// descriptor it opened for writing before: the owner marks that file stale
+// when it adopts the map (writers_already_open), so a write the library never
+// sees (through a shared mapping, here a raw pwrite) is read back from the PFS.
+// The control for the next test.
+TEST_F(Handlers, AMapSeekByTheOwnerMarksEarlierWritersStale) {
+  cache("a.bin", "dataset a");
+  int w = real::open((ds / "a.bin").c_str(), O_RDWR);
+  ASSERT_GE(w, 0);
+  P.map = nullptr;
+  P.seeking = true;
+  P.next_seek_ns = 0;
+  P.next_load_ns = 0;
+  outside(AT_FDCWD, "/etc/hostname");  // any absolute open looks for the map
+  ASSERT_NE(P.map.load(), nullptr);
+  ASSERT_EQ(pwrite(w, "CHANGED!!", 9, 0), 9);  // unseen by the library (a MAP_SHARED store)
+  int fd = open_((ds / "a.bin").string());
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(read_all(fd), "CHANGED!!");
+  real::close(fd);
+  real::close(w);
+}
+
+// The same, but the open that finds the map is a vfork child's (a program's
+// own vfork before exec): outside() calls seek_map() before any owner()
+// check, so the child publishes the map into its parent's memory and skips
+// what only the owner does (writers_already_open, find_ancestors,
+// update_cwd_hint). The parent then serves the stale copy: wrong bytes.
+// (process.h: "a vfork child ... must never change Monarch's state".)
+TEST_F(Handlers, AVforkChildsOpenNeverAdoptsAMapForItsParent) {
+  cache("a.bin", "dataset a");
+  int w = real::open((ds / "a.bin").c_str(), O_RDWR);
+  ASSERT_GE(w, 0);
+  P.map = nullptr;
+  P.seeking = true;
+  P.next_seek_ns = 0;
+  P.next_load_ns = 0;
+  P.ancestor_count = 0;
+  pid_t pid = vfork();
+  if (pid == 0) {
+    outside(AT_FDCWD, "/etc/hostname");  // what the open wrapper does first
+    _exit(0);
+  }
+  ASSERT_GT(pid, 0);
+  int status;
+  waitpid(pid, &status, 0);
+  EXPECT_EQ(P.map.load(), nullptr) << "the vfork child adopted a map in its parent's memory";
+  EXPECT_EQ(P.ancestor_count.load(), 0);
+  ASSERT_EQ(pwrite(w, "CHANGED!!", 9, 0), 9);
+  int fd = open_((ds / "a.bin").string());
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(read_all(fd), "CHANGED!!") << "a file written before the map was served from its copy";
+  real::close(fd);
+  real::close(w);
+}
+
+// The dataset visible at two paths here (its own, and a bind at data/): a copy
+// opened through data/ is named by readlink("/proc/self/fd/N") as the kernel
+// names a PFS descriptor opened through data/, the path the program used.
+TEST_F(Handlers, ReadlinkOfACopyNamesThePathItWasOpenedThrough) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
+  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
+  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  fs::path data = top / "data";
+  fs::create_directories(data);
+  ASSERT_EQ(mount(ds.c_str(), data.c_str(), nullptr, MS_BIND, nullptr), 0);
+  cache("a.bin", "dataset a");
+  P.map = nullptr;
+  P.next_load_ns = 0;
+  ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
+  ASSERT_NE(current_map(), nullptr);
+  ASSERT_EQ(located().views, 2);
+  std::string path = (data / "a.bin").string();
+  int fd = open_(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(tracked(fd)->kind.load(), kLocal);
+  int pfs = real::open(path.c_str(), O_RDONLY);  // what the kernel says without Monarch
+  char link[64], want[512], got[512];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", pfs);
+  ssize_t wn = real::readlink(link, want, sizeof want);
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  auto rl = [&]() -> ssize_t { return real::readlink(link, got, sizeof got); };
+  ssize_t gn = on_readlink(AT_FDCWD, link, got, sizeof got, Pass<ssize_t>(rl));
+  EXPECT_EQ(std::string(got, gn > 0 ? size_t(gn) : 0), std::string(want, wn > 0 ? size_t(wn) : 0));
+  real::close(pfs);
+  real::close(fd);
+  umount2(data.c_str(), MNT_DETACH);
+}
+
+// A directory mounted over a dataset directory below a view (a container's
+// "-v /pfs/ds:/data -v /elsewhere:/data/sub"): what the kernel opens at
+// data/sub/c.bin is that directory's file, never the dataset's copy.
+TEST_F(Handlers, AMountBelowAViewIsNeverServedFromTheDatasetsCopies) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
+  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
+  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  cache("sub/c.bin", "dataset c");
+  fs::path data = top / "data", other = top / "other";
+  write(other / "c.bin", "OTHER c!!");
+  fs::create_directories(data);
+  ASSERT_EQ(mount(ds.c_str(), data.c_str(), nullptr, MS_BIND, nullptr), 0);
+  ASSERT_EQ(mount(other.c_str(), (data / "sub").c_str(), nullptr, MS_BIND, nullptr), 0);
+  P.map = nullptr;
+  P.next_load_ns = 0;
+  ASSERT_TRUE(init_process((data).c_str(), job.c_str(), false));
+  ASSERT_NE(current_map(), nullptr);
+  int fd = open_((data / "sub/c.bin").string());
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(read_all(fd), "OTHER c!!");
+  real::close(fd);
+  umount2((data / "sub").c_str(), MNT_DETACH);
+  umount2(data.c_str(), MNT_DETACH);
+}
+
+// The job directory is found by its name alone (MONARCH_JOB_DIR carries no
+// identity): where the path given is hidden, find_job_dir takes the first
+// mount that shows a directory of that name, here another job's, left on a
+// scratch file system the container mounts (monarch-run's "run-<pid>" names
+// repeat in a PID namespace; --keep leaves a job's directory). Its map is
+// this user's and of this dataset, so it is adopted, and its copies (of the
+// dataset as it was then) are served although the file changed since: wrong
+// bytes. Its stager is long gone (the map's heartbeat says so).
+TEST_F(Handlers, AnotherJobsDirectoryOfTheSameNameIsNeverAdopted) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
+  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
+  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  fs::path scratch = top / "scratch";
+  fs::create_directories(scratch);
+  ASSERT_EQ(mount("tmpfs", scratch.c_str(), "tmpfs", 0, nullptr), 0);
+  fs::path old = scratch / job.filename();  // the other job's directory, same name
+  fs::create_directories(old / "data");
+  IndexOptions o{.root = ds.string(),
+                 .out_path = (old / "index").string(),
+                 .tier_dirs = {old.string()},
+                 .small_file_max = 1 << 20,
+                 .stall_ns = 200'000'000,
+                 .generation = 3};
+  IndexStats stats;
+  MappedMap old_map = build_index(o, stats, [](JobMap&) {});
+  write(old / "data/a.bin", "dataset a");  // that job's copy, complete and published
+  old_map.map().entry(uint32_t(old_map.map().find("a.bin"))).state = make_state(kCached, 0);
+  write(ds / "a.bin", "NEW a!!!!");  // the dataset changed since (same size)
+  ASSERT_EQ(mount("tmpfs", (top / "tier").c_str(), "tmpfs", 0, nullptr), 0);  // this job's: hidden
+  P.map = nullptr;
+  P.next_load_ns = 0;
+  ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
+  int fd = open_((ds / "a.bin").string());
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(read_all(fd), "NEW a!!!!") << "served from " << P.job_dir;
+  real::close(fd);
+  for (const fs::path& p : {top / "tier", scratch}) umount2(p.c_str(), MNT_DETACH);
+}
+
+// MONARCH_JOB_DIRS naming a directory made to look like a tier's job
+// directory (data/ with a file of the dataset's name): never used, its
+// identity is not the tier's. (Holds today; kept as a guard.)
+TEST_F(Handlers, AJobDirectoryLookAlikeInJobDirsIsNeverUsed) {
+  fs::path fake = top / "fake/monarch-t";
+  write(fake / "data/a.bin", "FAKE!!!!!");
+  m->entry(uint32_t(m->find("a.bin"))).state = make_state(kCached, 0);
+  P.map = nullptr;
+  P.next_load_ns = 0;
+  ASSERT_TRUE(init_process(ds.c_str(), fake.c_str(), false, fake.c_str()));
+  EXPECT_EQ(current_map(), nullptr);  // tier 0's map is looked for there: none
+  P.next_load_ns = 0;
+  ASSERT_TRUE(
+      init_process(ds.c_str(), job.c_str(), false, (fake.string() + ":" + fake.string()).c_str()));
+  ASSERT_NE(current_map(), nullptr);
+  EXPECT_EQ(std::string(located().tier[0]), job.string());
+  int fd = open_((ds / "a.bin").string());
+  ASSERT_GE(fd, 0);
+  EXPECT_NE(read_all(fd), "FAKE!!!!!");
+  real::close(fd);
+}
+
+// The dataset given through a symbolic link (monarch-run --dataset ~/ds-link,
+// a view that is not physical) while a bind shows other files over a
+// directory of it: drop_shadowed compares mount points with each view's path
+// string, and the mount point is the link's target (ds/sub), never below
+// "dslink": the link's view is kept and serves the dataset's copy where the
+// kernel reads the mount's file.
+TEST_F(Handlers, AMountBelowAViewReachedThroughALinkIsNeverServed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
+  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
+  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  cache("sub/c.bin", "dataset c");
+  fs::path link = top / "dslink", other = top / "other";
+  fs::create_directory_symlink(ds, link);
+  write(other / "c.bin", "OTHER c!!");
+  ASSERT_EQ(mount(other.c_str(), (ds / "sub").c_str(), nullptr, MS_BIND, nullptr), 0);
+  P.map = nullptr;
+  P.next_load_ns = 0;
+  ASSERT_TRUE(init_process(link.c_str(), job.c_str(), false));
+  ASSERT_NE(current_map(), nullptr);
+  int fd = open_((link / "sub/c.bin").string());
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(read_all(fd), "OTHER c!!");
+  real::close(fd);
+  umount2((ds / "sub").c_str(), MNT_DETACH);
+}
+
+// A signal handler's open of a path outside the dataset (a profiler reading
+// /proc/self/stat) that interrupts this thread's own map load (an open of a
+// dataset path, before any map): outside() now looks for the map, and
+// load_map waits for the load in progress, which cannot move while its own
+// thread runs the handler: at least 1000 sleeps of 50 us. Before issue 24
+// such an open cost a prefix comparison. (P.loading = 1 stands for the
+// interrupted load.)
+TEST_F(Handlers, AnOpenOutsideTheDatasetNeverWaitsForAMapLoad) {
+  P.map = nullptr;
+  P.seeking = true;
+  P.next_seek_ns = 0;
+  P.next_load_ns = 0;
+  P.loading = 1;
+  uint64_t t0 = monotonic_ns();
+  EXPECT_TRUE(outside(AT_FDCWD, "/proc/self/stat"));
+  uint64_t ms = (monotonic_ns() - t0) / 1'000'000;
+  P.loading = 0;
+  EXPECT_LT(ms, 40u) << "an open outside the dataset waited " << ms << " ms for a map load";
+}
+
+// A file system mounted inside the dataset where the stager indexed it (the
+// index crosses mounts) and absent in this process's namespace (a container's
+// non-recursive bind of the dataset): the kernel shows the directory under
+// that mount, here with another file of the same name. drop_shadowed looks
+// only at the mounts this process has, never at the ones the index went
+// through, so the view is served: the submount's copy instead of the file
+// the kernel reads. (tests/review4/submount.sh is the same with monarch-run.)
+TEST_F(Handlers, AMountTheIndexCrossedThatIsAbsentHereIsNeverServed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
+  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
+  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  write(ds / "inner/x.bin", "UNDER x!!");  // what the directory holds under the mount
+  ASSERT_EQ(mount("tmpfs", (ds / "inner").c_str(), "tmpfs", 0, nullptr), 0);
+  write(ds / "inner/x.bin", "SUBMOUNT!");
+  IndexOptions o{.root = ds.string(),
+                 .out_path = (job / "index").string(),
+                 .tier_dirs = {job.string()},
+                 .small_file_max = 1 << 20,
+                 .stall_ns = 200'000'000,
+                 .generation = 8};
+  IndexStats stats;
+  MappedMap with_mount = build_index(o, stats, [](JobMap&) {});
+  ASSERT_GE(with_mount.map().find("inner/x.bin"), 0);
+  write(job / "data/inner/x.bin", "SUBMOUNT!");
+  with_mount.map().entry(uint32_t(with_mount.map().find("inner/x.bin"))).state =
+      make_state(kCached, 0);
+  ASSERT_EQ(umount2((ds / "inner").c_str(), MNT_DETACH), 0);  // this process's namespace
+  P.map = nullptr;
+  P.next_load_ns = 0;
+  ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
+  ASSERT_NE(current_map(), nullptr);
+  int fd = open_((ds / "inner/x.bin").string());
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(read_all(fd), "UNDER x!!");
+  real::close(fd);
 }
 
 }  // namespace
