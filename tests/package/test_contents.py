@@ -19,7 +19,7 @@ from pkgtest import (BUILD, NODE, PLUGIN, SRC, monarch_lines, package_paths, pac
 VERSION = os.environ["MONARCH_PACKAGE_VERSION"]  # 0.1.0-1
 MAN = "/usr/share/man/"
 FILES = {
-    NODE: ["/etc/monarch/monarch.conf", "/usr/bin/monarch-report", "/usr/bin/monarch-run",
+    NODE: ["/etc/enroot/hooks.d/90-monarch.sh", "/etc/monarch/monarch.conf", "/usr/bin/monarch-report", "/usr/bin/monarch-run",
            "/usr/bin/monarch-stager", "/usr/lib/monarch/libmonarch_interpose.so",
            "/usr/lib/monarch/libmonarch_jobwide.so",
            "/usr/libexec/monarch/monarch-purge",
@@ -30,7 +30,7 @@ FILES = {
              "/usr/share/doc/monarch-slurm-plugin/changelog.Debian.gz",
              "/usr/share/doc/monarch-slurm-plugin/copyright", MAN + "man8/spank_monarch.8.gz"],
 }
-CONFFILES = {NODE: ["/etc/monarch/monarch.conf"],
+CONFFILES = {NODE: ["/etc/monarch/monarch.conf", "/etc/enroot/hooks.d/90-monarch.sh"],
              PLUGIN: ["/etc/slurm/plugstack.conf.d/monarch.conf"]}
 MAN_SOURCES = {"monarch-run.1": "stager/man/monarch-run.1",
                "monarch-report.1": "stager/man/monarch-report.1",
