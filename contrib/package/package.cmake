@@ -58,18 +58,14 @@ set(CPACK_MONARCH_BINARY_DIR "${PROJECT_BINARY_DIR}")
 
 # The configuration files, which the package manager never overwrites once an
 # admin edited them (Debian conffiles, RPM %config(noreplace)). The enroot
-# hook is one too: a site turns it off by deleting it (an upgrade does not
-# bring it back) and keeps its edits; every file under /etc is one for
-# Debian's policy (lintian: file-in-etc-not-marked-as-conffile).
+# hook is not one: it is code, a link in /etc to the program.
 set(node_config "${MONARCH_SYSCONF}/monarch.conf")
-set(enroot_hook "${CMAKE_INSTALL_FULL_SYSCONFDIR}/enroot/hooks.d/90-monarch.sh")
 set(slurm_config "${CMAKE_INSTALL_FULL_SYSCONFDIR}/slurm/plugstack.conf.d/monarch.conf")
-file(WRITE "${PROJECT_BINARY_DIR}/package/node/conffiles" "${node_config}\n${enroot_hook}\n")
+file(WRITE "${PROJECT_BINARY_DIR}/package/node/conffiles" "${node_config}\n")
 file(WRITE "${PROJECT_BINARY_DIR}/package/slurm/conffiles" "${slurm_config}\n")
 set(CPACK_DEBIAN_NODE_PACKAGE_CONTROL_EXTRA "${PROJECT_BINARY_DIR}/package/node/conffiles")
 set(CPACK_DEBIAN_SLURM_PACKAGE_CONTROL_EXTRA "${PROJECT_BINARY_DIR}/package/slurm/conffiles")
-set(CPACK_RPM_NODE_USER_FILELIST "%config(noreplace) ${node_config}"
-  "%config(noreplace) ${enroot_hook}")
+set(CPACK_RPM_NODE_USER_FILELIST "%config(noreplace) ${node_config}")
 set(CPACK_RPM_SLURM_USER_FILELIST "%config(noreplace) ${slurm_config}")
 # Directories other packages own (Slurm's, enroot's, the man sections) stay theirs.
 set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION

@@ -1,6 +1,7 @@
 #!/bin/bash
 # shellcheck disable=SC2015  # "A && B || off": off exits, whatever B returned
-# Monarch's enroot hook, installed as /etc/enroot/hooks.d/90-monarch.sh.
+# Monarch's enroot hook: /usr/libexec/monarch/enroot-hook.sh, which enroot runs
+# through the link /etc/enroot/hooks.d/90-monarch.sh.
 #
 # enroot runs every executable hooks.d/*.sh as the user, before the chroot,
 # with the host environment (pyxis passes the job's, less LD_PRELOAD) and:

@@ -22,7 +22,7 @@ FILES = {
     NODE: ["/etc/enroot/hooks.d/90-monarch.sh", "/etc/monarch/monarch.conf", "/usr/bin/monarch-report", "/usr/bin/monarch-run",
            "/usr/bin/monarch-stager", "/usr/lib/monarch/libmonarch_interpose.so",
            "/usr/lib/monarch/libmonarch_jobwide.so",
-           "/usr/libexec/monarch/monarch-purge",
+           "/usr/libexec/monarch/enroot-hook.sh", "/usr/libexec/monarch/monarch-purge",
            "/usr/share/doc/monarch/changelog.Debian.gz", "/usr/share/doc/monarch/copyright",
            MAN + "man1/monarch-report.1.gz", MAN + "man1/monarch-run.1.gz",
            MAN + "man5/monarch.conf.5.gz", MAN + "man8/monarch-stager.8.gz"],
@@ -30,7 +30,7 @@ FILES = {
              "/usr/share/doc/monarch-slurm-plugin/changelog.Debian.gz",
              "/usr/share/doc/monarch-slurm-plugin/copyright", MAN + "man8/spank_monarch.8.gz"],
 }
-CONFFILES = {NODE: ["/etc/monarch/monarch.conf", "/etc/enroot/hooks.d/90-monarch.sh"],
+CONFFILES = {NODE: ["/etc/monarch/monarch.conf"],
              PLUGIN: ["/etc/slurm/plugstack.conf.d/monarch.conf"]}
 MAN_SOURCES = {"monarch-run.1": "stager/man/monarch-run.1",
                "monarch-report.1": "stager/man/monarch-report.1",
