@@ -12,9 +12,10 @@
 
 namespace monarch {
 
-// Set by monarch-run and the plugin besides jobmap.h's kEnvDataset, kEnvJobDir, kEnvLog.
-inline constexpr const char* kEnvJobDirs = "MONARCH_JOB_DIRS";       // every tier's, in tier order
-inline constexpr const char* kEnvLibrary = "MONARCH_INTERPOSE_LIB";  // the library's host path
+// Set by monarch-run and the plugin besides jobmap.h's kEnvDataset, kEnvJobDir,
+// kEnvJobDirs, kEnvLog: the library's host path, for what binds it into a
+// container (the enroot hook, README "Containers").
+inline constexpr const char* kEnvLibrary = "MONARCH_INTERPOSE_LIB";
 
 // One change to an environment: set `name` to `value`, or unset it.
 struct EnvChange {
