@@ -9,7 +9,8 @@
 //   cgroups, before any task exists):
 //     start_stager_for  the stager, in the job's Monarch cgroup (cgroup.h),
 //                       or the one already running
-//     set_task_env      the library appended to the tasks' LD_PRELOAD
+//     set_task_env      the library appended to the tasks' LD_PRELOAD, Monarch's
+//                       variables, and the same for Apptainer (task_env.h)
 // Any failure turns Monarch off for the step with one log line; task_init
 // then tells the user on rank 0's stderr, and the step runs from the PFS.
 #include <sys/resource.h>
@@ -19,6 +20,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "cgroup.h"
@@ -28,6 +30,7 @@
 #include "plugin.h"
 #include "proc.h"
 #include "shown.h"
+#include "task_env.h"
 #include "tier.h"
 
 namespace monarch::spank {
@@ -81,19 +84,6 @@ std::string step_name(uint32_t step) {
 // Not empty, and no control character (a newline, an escape).
 bool printable(const std::string& s) {
   return !s.empty() && std::none_of(s.begin(), s.end(), is_control);
-}
-
-// LD_PRELOAD entries, separated by spaces or colons as ld.so accepts them.
-std::vector<std::string> preload_entries(const std::string& value) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at <= value.size()) {
-    size_t end = value.find_first_of(" :", at);
-    if (end == std::string::npos) end = value.size();
-    if (end > at) out.push_back(value.substr(at, end - at));
-    at = end + 1;
-  }
-  return out;
 }
 
 // ---- plan_step ----
@@ -225,41 +215,42 @@ void start_stager_for(StepPlan& plan) {
 
 // ---- set_task_env ----
 
-// The tasks' environment for Monarch: the library appended to the user's
-// LD_PRELOAD (a nested step inherits it: appended once), the dataset as
-// given, the job directory on the first tier.
+// A variable of the tasks' environment, or nullopt when it is not set.
+std::optional<std::string> lookup(spank_t sp, const std::string& name) {
+  char probe[1];
+  spank_err_t rc = spank_getenv(sp, name.c_str(), probe, sizeof probe);
+  if (rc != ESPANK_SUCCESS && rc != ESPANK_NOSPACE) return std::nullopt;
+  return get_env(sp, name.c_str());
+}
+
+// The tasks' environment for Monarch (task_env.h): the library appended to
+// the user's LD_PRELOAD (a nested step inherits it: appended once), the
+// dataset as given, the job directory of every tier, and the same for
+// Apptainer/Singularity.
 void set_task_env(spank_t sp, const StepPlan& plan) {
-  std::string preload = get_env(sp, "LD_PRELOAD");
-  bool present = false;
-  for (const std::string& e : preload_entries(preload)) present |= e == MONARCH_INTERPOSE_LIB;
-  if (!present)
-    set_env(sp, "LD_PRELOAD",
-            preload.empty() ? MONARCH_INTERPOSE_LIB : preload + ":" MONARCH_INTERPOSE_LIB);
-  set_env(sp, "MONARCH_DATASET", state().request.dataset);
-  set_env(sp, "MONARCH_JOB_DIR", job_dir(plan.config.tiers.at(0), plan.key));
-  if (state().request.verbose) set_env(sp, "MONARCH_LOG", "1");
+  TaskEnv task{.library = MONARCH_INTERPOSE_LIB,
+               .dataset = state().request.dataset,
+               .log = state().request.verbose};
+  for (const TierConfig& tc : plan.config.tiers) task.job_dirs.push_back(job_dir(tc, plan.key));
+  std::vector<EnvChange> changes;
+  try {
+    changes = monarch_task_env(task, [sp](const std::string& n) { return lookup(sp, n); });
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
+  }
+  for (const EnvChange& c : changes) set_env(sp, c.name.c_str(), *c.value);
 }
 
 // A step without Monarch: takes back what an earlier step's environment may
 // have passed down (a nested srun inherits the batch step's).
 void clear_task_env(spank_t sp) {
-  std::string preload = get_env(sp, "LD_PRELOAD"), kept;
-  bool present = false;
-  for (const std::string& e : preload_entries(preload)) {
-    if (e == MONARCH_INTERPOSE_LIB) {
-      present = true;
-      continue;
-    }
-    kept += (kept.empty() ? "" : ":") + e;
-  }
-  if (present) {
-    if (kept.empty())
-      spank_unsetenv(sp, "LD_PRELOAD");
+  auto env = [sp](const std::string& n) { return lookup(sp, n); };
+  for (const EnvChange& c : monarch_clear_env(MONARCH_INTERPOSE_LIB, env)) {
+    if (c.value)
+      spank_setenv(sp, c.name.c_str(), c.value->c_str(), 1);
     else
-      spank_setenv(sp, "LD_PRELOAD", kept.c_str(), 1);
+      spank_unsetenv(sp, c.name.c_str());
   }
-  spank_unsetenv(sp, "MONARCH_DATASET");
-  spank_unsetenv(sp, "MONARCH_JOB_DIR");
 }
 
 // Monarch off for this step: one log line, the environment taken back.

@@ -57,7 +57,8 @@ set(CPACK_MONARCH_SLURM_NEXT_RELEASE "${MONARCH_SLURM_NEXT_RELEASE}")
 set(CPACK_MONARCH_BINARY_DIR "${PROJECT_BINARY_DIR}")
 
 # The configuration files, which the package manager never overwrites once an
-# admin edited them (Debian conffiles, RPM %config(noreplace)).
+# admin edited them (Debian conffiles, RPM %config(noreplace)). The enroot
+# hook is not one: it is code, a link in /etc to the program.
 set(node_config "${MONARCH_SYSCONF}/monarch.conf")
 set(slurm_config "${CMAKE_INSTALL_FULL_SYSCONFDIR}/slurm/plugstack.conf.d/monarch.conf")
 file(WRITE "${PROJECT_BINARY_DIR}/package/node/conffiles" "${node_config}\n")
@@ -66,8 +67,9 @@ set(CPACK_DEBIAN_NODE_PACKAGE_CONTROL_EXTRA "${PROJECT_BINARY_DIR}/package/node/
 set(CPACK_DEBIAN_SLURM_PACKAGE_CONTROL_EXTRA "${PROJECT_BINARY_DIR}/package/slurm/conffiles")
 set(CPACK_RPM_NODE_USER_FILELIST "%config(noreplace) ${node_config}")
 set(CPACK_RPM_SLURM_USER_FILELIST "%config(noreplace) ${slurm_config}")
-# Directories other packages own (Slurm's, the man sections) stay theirs.
+# Directories other packages own (Slurm's, enroot's, the man sections) stay theirs.
 set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
+  "${CMAKE_INSTALL_FULL_SYSCONFDIR}/enroot" "${CMAKE_INSTALL_FULL_SYSCONFDIR}/enroot/hooks.d"
   "${CMAKE_INSTALL_FULL_SYSCONFDIR}/slurm"
   "${CMAKE_INSTALL_FULL_SYSCONFDIR}/slurm/plugstack.conf.d"
   "${CMAKE_INSTALL_FULL_MANDIR}" "${CMAKE_INSTALL_FULL_MANDIR}/man1"

@@ -22,6 +22,8 @@ extern "C" {
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include "config.h"
@@ -31,6 +33,7 @@ extern "C" {
 #include "protocol.h"
 #include "remove_tree.h"
 #include "report.h"
+#include "task_env.h"
 #include "trash.h"
 
 #ifndef MONARCH_BINDIR
@@ -311,29 +314,36 @@ int main(int argc, char** argv) {
 
   bool monarch = true;
 
-  // The command's environment: the library appended to LD_PRELOAD.
+  // The command's environment (task_env.h): the library appended to
+  // LD_PRELOAD, the dataset and the job directories, for Apptainer too.
   std::string lib =
       find_file({dir + "/../interpose/libmonarch_interpose.so", MONARCH_INTERPOSE_PATH});
   char cwd[PATH_MAX] = "";
   if (!getcwd(cwd, sizeof cwd)) cwd[0] = 0;
   char root[kPathMax];
   normalize_path(cwd, opt.dataset, root, sizeof root);
-  std::vector<std::string> env;
-  std::string preload = lib;
+  std::map<std::string, std::string> vars;
   for (char** e = environ; *e; ++e) {
     std::string v = *e;
-    if (v.starts_with("LD_PRELOAD=") && v.size() > 11)
-      preload = v.substr(11) + ":" + lib;
-    else if (!v.starts_with(std::string(kEnvDataset) + "=") &&
-             !v.starts_with(std::string(kEnvJobDir) + "="))
-      env.push_back(v);
+    size_t eq = v.find('=');
+    if (eq != std::string::npos) vars.emplace(v.substr(0, eq), v.substr(eq + 1));
   }
-  std::string job_dir0 = job_dir(config.tiers[0], job);
-  if (monarch) {
-    env.push_back("LD_PRELOAD=" + preload);
-    env.push_back(std::string(kEnvDataset) + "=" + root);
-    env.push_back(std::string(kEnvJobDir) + "=" + job_dir0);
+  TaskEnv task{.library = lib, .dataset = root};
+  for (const TierConfig& t : config.tiers) task.job_dirs.push_back(job_dir(t, job));
+  auto lookup = [&vars](const std::string& n) -> std::optional<std::string> {
+    auto it = vars.find(n);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+  std::vector<EnvChange> changes;
+  try {
+    changes = monarch_task_env(task, lookup);
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
   }
+  for (const EnvChange& c : changes) vars[c.name] = *c.value;
+  std::vector<std::string> env;
+  for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
 
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
@@ -378,7 +388,7 @@ int main(int argc, char** argv) {
   if (stager > 0) stop(stager, config.stop_timeout_s);
   std::stringstream stats;
   {
-    std::ifstream in(job_dir0 + "/" + kStatsName);  // closed before the deleter forks
+    std::ifstream in(task.job_dirs[0] + "/" + kStatsName);  // closed before the deleter forks
     stats << in.rdbuf();
   }
   if (!opt.report.empty()) {

@@ -19,10 +19,10 @@ from pkgtest import (BUILD, NODE, PLUGIN, SRC, monarch_lines, package_paths, pac
 VERSION = os.environ["MONARCH_PACKAGE_VERSION"]  # 0.1.0-1
 MAN = "/usr/share/man/"
 FILES = {
-    NODE: ["/etc/monarch/monarch.conf", "/usr/bin/monarch-report", "/usr/bin/monarch-run",
+    NODE: ["/etc/enroot/hooks.d/90-monarch.sh", "/etc/monarch/monarch.conf", "/usr/bin/monarch-report", "/usr/bin/monarch-run",
            "/usr/bin/monarch-stager", "/usr/lib/monarch/libmonarch_interpose.so",
            "/usr/lib/monarch/libmonarch_jobwide.so",
-           "/usr/libexec/monarch/monarch-purge",
+           "/usr/libexec/monarch/enroot-hook.sh", "/usr/libexec/monarch/monarch-purge",
            "/usr/share/doc/monarch/changelog.Debian.gz", "/usr/share/doc/monarch/copyright",
            MAN + "man1/monarch-report.1.gz", MAN + "man1/monarch-run.1.gz",
            MAN + "man5/monarch.conf.5.gz", MAN + "man8/monarch-stager.8.gz"],

@@ -73,6 +73,13 @@ class Job(st.SlurmTest):
             self.assertEqual(env.get("MONARCH_JOB_DIR"),
                              os.path.join(st.TIERS[0], f"monarch-job{job}"), tag)
             self.assertNotIn("MONARCH_LOG", env, tag)
+            # What a container needs (README "Containers"), Apptainer's too.
+            dirs = [os.path.join(t, f"monarch-job{job}") for t in st.TIERS]
+            self.assertEqual(env.get("MONARCH_JOB_DIRS"), ":".join(dirs), tag)
+            self.assertEqual(env.get("MONARCH_INTERPOSE_LIB"), st.LIBRARY, tag)
+            self.assertEqual(env.get("APPTAINERENV_LD_PRELOAD"), st.LIBRARY, tag)
+            self.assertEqual(env.get("APPTAINERENV_MONARCH_JOB_DIRS"), ":".join(dirs), tag)
+            self.assertEqual(env.get("APPTAINER_BINDPATH"), ",".join([st.LIBRARY] + dirs), tag)
             self.assertEqual(st.read(os.path.join(work, f"{tag}.uid")).strip(),
                              str(pw.pw_uid))
 

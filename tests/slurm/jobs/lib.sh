@@ -6,7 +6,7 @@ OUT=${OUT:-$PWD}
 # record TAG: this task's Monarch environment, its uid, and the stagers of
 # the job as the task sees them (with all their ids).
 record() {
-  env | grep -E '^(LD_PRELOAD|MONARCH_[A-Z_]*)=' | sort >"$OUT/$1.env"
+  env | grep -E '^(LD_PRELOAD|MONARCH_[A-Z_]*|APPTAINER[A-Z_]*|SINGULARITY[A-Z_]*)=' | sort >"$OUT/$1.env"
   id -u >"$OUT/$1.uid"
   ps -o ruid=,euid=,suid=,fsuid=,rgid=,egid=,sgid=,fsgid=,pid=,args= -C monarch-stager |
     grep -e "--job job$SLURM_JOB_ID " >"$OUT/$1.stagers" || true
