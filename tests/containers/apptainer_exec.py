@@ -13,27 +13,19 @@ Debian 12): run as root in new mount and PID namespaces (`unshare --mount
     root, so that nothing lands in the cache.
 Usage: apptainer_exec.py ROOT [--bind SPEC]... -- COMMAND..."""
 import os
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rootfs import create, mount, overlay_root  # noqa: E402
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PREFIXES = ("APPTAINERENV_", "SINGULARITYENV_")
 
 
-def mount(*args):
-    subprocess.run(["mount", *args], check=True)
-
-
 def bind(root, spec):
     source, dest, opts = (spec.split(":") + [None, None])[:3]
     inside = root + (dest or source)
-    if os.path.isdir(source):
-        os.makedirs(inside, exist_ok=True)
-    else:
-        os.makedirs(os.path.dirname(inside), exist_ok=True)
-        if not os.path.exists(inside):
-            open(inside, "w").close()
+    create(inside, not os.path.isdir(source))
     mount("--rbind", source, inside)
     if opts == "ro":
         mount("-o", "remount,bind,ro", inside)
@@ -52,16 +44,7 @@ def main():
     bindpath = host.get("APPTAINER_BINDPATH", host.get("SINGULARITY_BINDPATH", ""))
     binds += [b for b in bindpath.split(",") if b.strip()]
 
-    work = tempfile.mkdtemp(prefix="monarch-apptainer-")
-    mount("-t", "tmpfs", "tmpfs", work)
-    for d in ("upper", "work", "root"):
-        os.mkdir(os.path.join(work, d))
-    root = os.path.join(work, "root")
-    mount("-t", "overlay", "overlay", "-o",
-          f"lowerdir={root_image},upperdir={work}/upper,workdir={work}/work", root)
-    mount("-t", "proc", "proc", root + "/proc")
-    mount("--rbind", "/sys", root + "/sys")
-    mount("--rbind", "/dev", root + "/dev")
+    _, root = overlay_root(root_image, "monarch-apptainer-")
     home = host.get("HOME", "/root")
     defaults = [home, "/tmp", "/var/tmp", os.getcwd()]
     for spec in [d for d in dict.fromkeys(defaults) if os.path.isdir(d)] + binds:

@@ -19,23 +19,11 @@ Usage: enroot_start.py ROOT HOOK [--mount SRC:DST[:ro]]... -- COMMAND..."""
 import os
 import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rootfs import create, mount, overlay_root  # noqa: E402
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def mount(*args):
-    subprocess.run(["mount", *args], check=True)
-
-
-def create(path, is_file):
-    """enroot-mount's x-create: an empty directory or file at the target."""
-    if is_file:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if not os.path.exists(path):
-            open(path, "w").close()
-    else:
-        os.makedirs(path, exist_ok=True)
 
 
 def fstab_line(root, line):
@@ -60,17 +48,9 @@ def main():
         args = args[2:]
     command = args[1:]
 
-    work = tempfile.mkdtemp(prefix="monarch-enroot-")
-    mount("-t", "tmpfs", "tmpfs", work)
-    for d in ("upper", "work", "root", "run"):
-        os.mkdir(os.path.join(work, d))
-    root = os.path.join(work, "root")
-    mount("-t", "overlay", "overlay", "-o",
-          f"lowerdir={root_image},upperdir={work}/upper,workdir={work}/work", root)
     # 10-system.fstab, with ENROOT_UNSHARE_PID's new /proc.
-    mount("-t", "proc", "proc", root + "/proc")
-    mount("--rbind", "/sys", root + "/sys")
-    mount("--rbind", "/dev", root + "/dev")
+    work, root = overlay_root(root_image, "monarch-enroot-")
+    os.mkdir(os.path.join(work, "run"))
     mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", root + "/tmp")
     mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", root + "/run")
 

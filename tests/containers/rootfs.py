@@ -59,6 +59,48 @@ def make(suite):
         print(f"rootfs: {suite}: made in {time.monotonic() - start:.0f} s ({du} MiB) at {root}")
 
 
+def mount(*args):
+    subprocess.run(["mount", *args], check=True)
+
+
+def create(path, is_file):
+    """An empty directory or file at `path` to mount on (enroot's x-create)."""
+    if is_file:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if not os.path.exists(path):
+            open(path, "w").close()
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def overlay_root(root_image, prefix):
+    """A writable copy of the cached root (an overlay on a tmpfs, so that
+    nothing lands in the cache) with /proc new and /sys, /dev bound, as the
+    runtimes set it up; in the caller's mount namespace. Returns (work, root)."""
+    import tempfile
+    work = tempfile.mkdtemp(prefix=prefix)
+    mount("-t", "tmpfs", "tmpfs", work)
+    for d in ("upper", "work", "root"):
+        os.mkdir(os.path.join(work, d))
+    root = os.path.join(work, "root")
+    mount("-t", "overlay", "overlay", "-o",
+          f"lowerdir={root_image},upperdir={work}/upper,workdir={work}/work", root)
+    mount("-t", "proc", "proc", root + "/proc")
+    mount("--rbind", "/sys", root + "/sys")
+    mount("--rbind", "/dev", root + "/dev")
+    return work, root
+
+
+def test_main(suites):
+    """A container test's main: the cached roots first (ctest makes them)."""
+    import unittest
+    for s in suites:
+        if not os.path.exists(path(s) + ".stamp"):
+            sys.exit(f"no root file system for {s}: run tests/containers/rootfs.py "
+                     f"(ctest runs it as containers.rootfs)")
+    unittest.main(verbosity=2, module="__main__")
+
+
 if __name__ == "__main__":
     for s in sys.argv[1:] or SUITES:
         make(s)

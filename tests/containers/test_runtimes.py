@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(os.path.dirname(HERE))
@@ -270,8 +269,4 @@ class Bookworm(Runtimes, Case):
 
 
 if __name__ == "__main__":
-    for s in (Bullseye.suite, Bookworm.suite):
-        if not os.path.exists(rootfs.path(s) + ".stamp"):
-            sys.exit(f"no root file system for {s}: run tests/containers/rootfs.py "
-                     f"(ctest runs it as containers.rootfs)")
-    unittest.main(verbosity=2)
+    rootfs.test_main((Bullseye.suite, Bookworm.suite))

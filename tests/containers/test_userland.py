@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "engine"))
@@ -163,8 +162,4 @@ class Bookworm(Userland, Case):
 
 
 if __name__ == "__main__":
-    for s in (Bullseye.suite, Bookworm.suite):
-        if not os.path.exists(rootfs.path(s) + ".stamp"):
-            sys.exit(f"no root file system for {s}: run tests/containers/rootfs.py "
-                     f"(ctest runs it as containers.rootfs)")
-    unittest.main(verbosity=2)
+    rootfs.test_main((Bullseye.suite, Bookworm.suite))
