@@ -76,6 +76,19 @@ class Handlers : public ::testing::Test {
     m->entry(uint32_t(m->find(rel))).state = make_state(kCached, 0);
   }
 
+  // A mount namespace of this test's own, its mounts private; false without root.
+  static bool private_mounts() {
+    return geteuid() == 0 && unshare(CLONE_NEWNS) == 0 &&
+           mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0;
+  }
+  // As a process before it found its map: the next look loads it.
+  static void forget_map() {
+    P.map = nullptr;
+    P.seeking = true;
+    P.next_seek_ns = 0;
+    P.next_load_ns = 0;
+  }
+
   Resolved at(const std::string& path, const std::string& cwd = "") {
     return resolve(*m, located().as_views(), path, cwd);
   }
@@ -149,9 +162,7 @@ TEST_F(Handlers, PathsResolveAsTheKernelDoes) {
 // bound elsewhere, and the host paths the environment names hidden (by
 // tmpfs mounts over them). The library finds both by what they are.
 TEST_F(Handlers, ADatasetAndJobDirectoryMountedElsewhereAreFoundByIdentity) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
-  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
-  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  if (!private_mounts()) GTEST_SKIP() << "needs root for a mount namespace";
   cache("a.bin", "dataset a");
   fs::path data = top / "data", elsewhere = top / "elsewhere";
   fs::create_directories(data);
@@ -161,8 +172,7 @@ TEST_F(Handlers, ADatasetAndJobDirectoryMountedElsewhereAreFoundByIdentity) {
   ASSERT_EQ(mount("tmpfs", ds.c_str(), "tmpfs", 0, nullptr), 0);
   ASSERT_EQ(mount("tmpfs", (top / "tier").c_str(), "tmpfs", 0, nullptr), 0);
   // The process knows only the host paths, as a container's processes do.
-  P.map = nullptr;
-  P.next_load_ns = 0;
+  forget_map();
   ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
   EXPECT_EQ(std::string(P.job_dir), elsewhere.string());  // found by its name
   // A job directory found by its name is adopted with a running stager only.
@@ -195,9 +205,7 @@ TEST_F(Handlers, ADatasetAndJobDirectoryMountedElsewhereAreFoundByIdentity) {
 // view (/data/sub): the kernel reads that directory's files there, so the
 // view is not served at all; the bytes are the kernel's.
 TEST_F(Handlers, AViewWithAnotherMountInsideIsNotServed) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
-  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
-  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  if (!private_mounts()) GTEST_SKIP() << "needs root for a mount namespace";
   cache("a.bin", "dataset a");
   cache("sub/c.bin", "dataset c");
   write(top / "other/c.bin", "OTHER c");
@@ -205,8 +213,7 @@ TEST_F(Handlers, AViewWithAnotherMountInsideIsNotServed) {
   fs::create_directories(data);
   ASSERT_EQ(mount(ds.c_str(), data.c_str(), nullptr, MS_BIND, nullptr), 0);
   ASSERT_EQ(mount((top / "other").c_str(), (data / "sub").c_str(), nullptr, MS_BIND, nullptr), 0);
-  P.map = nullptr;
-  P.next_load_ns = 0;
+  forget_map();
   ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
   ASSERT_NE(current_map(), nullptr);
   const Located& l = located();
@@ -334,10 +341,7 @@ TEST_F(Handlers, AMapSeekByTheOwnerMarksEarlierWritersStale) {
   cache("a.bin", "dataset a");
   int w = real::open((ds / "a.bin").c_str(), O_RDWR);
   ASSERT_GE(w, 0);
-  P.map = nullptr;
-  P.seeking = true;
-  P.next_seek_ns = 0;
-  P.next_load_ns = 0;
+  forget_map();
   outside(AT_FDCWD, "/etc/hostname");  // any absolute open looks for the map
   ASSERT_NE(P.map.load(), nullptr);
   ASSERT_EQ(pwrite(w, "CHANGED!!", 9, 0), 9);  // unseen by the library (a MAP_SHARED store)
@@ -358,10 +362,7 @@ TEST_F(Handlers, AVforkChildsOpenNeverAdoptsAMapForItsParent) {
   cache("a.bin", "dataset a");
   int w = real::open((ds / "a.bin").c_str(), O_RDWR);
   ASSERT_GE(w, 0);
-  P.map = nullptr;
-  P.seeking = true;
-  P.next_seek_ns = 0;
-  P.next_load_ns = 0;
+  forget_map();
   P.ancestor_count = 0;
   pid_t pid = vfork();
   if (pid == 0) {
@@ -385,15 +386,12 @@ TEST_F(Handlers, AVforkChildsOpenNeverAdoptsAMapForItsParent) {
 // opened through data/ is named by readlink("/proc/self/fd/N") as the kernel
 // names a PFS descriptor opened through data/, the path the program used.
 TEST_F(Handlers, ReadlinkOfACopyNamesThePathItWasOpenedThrough) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
-  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
-  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  if (!private_mounts()) GTEST_SKIP() << "needs root for a mount namespace";
   fs::path data = top / "data";
   fs::create_directories(data);
   ASSERT_EQ(mount(ds.c_str(), data.c_str(), nullptr, MS_BIND, nullptr), 0);
   cache("a.bin", "dataset a");
-  P.map = nullptr;
-  P.next_load_ns = 0;
+  forget_map();
   ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
   ASSERT_NE(current_map(), nullptr);
   ASSERT_EQ(located().views, 2);
@@ -418,17 +416,14 @@ TEST_F(Handlers, ReadlinkOfACopyNamesThePathItWasOpenedThrough) {
 // "-v /pfs/ds:/data -v /elsewhere:/data/sub"): what the kernel opens at
 // data/sub/c.bin is that directory's file, never the dataset's copy.
 TEST_F(Handlers, AMountBelowAViewIsNeverServedFromTheDatasetsCopies) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
-  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
-  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  if (!private_mounts()) GTEST_SKIP() << "needs root for a mount namespace";
   cache("sub/c.bin", "dataset c");
   fs::path data = top / "data", other = top / "other";
   write(other / "c.bin", "OTHER c!!");
   fs::create_directories(data);
   ASSERT_EQ(mount(ds.c_str(), data.c_str(), nullptr, MS_BIND, nullptr), 0);
   ASSERT_EQ(mount(other.c_str(), (data / "sub").c_str(), nullptr, MS_BIND, nullptr), 0);
-  P.map = nullptr;
-  P.next_load_ns = 0;
+  forget_map();
   ASSERT_TRUE(init_process((data).c_str(), job.c_str(), false));
   ASSERT_NE(current_map(), nullptr);
   int fd = open_((data / "sub/c.bin").string());
@@ -448,9 +443,7 @@ TEST_F(Handlers, AMountBelowAViewIsNeverServedFromTheDatasetsCopies) {
 // dataset as it was then) are served although the file changed since: wrong
 // bytes. Its stager is long gone (the map's heartbeat says so).
 TEST_F(Handlers, AnotherJobsDirectoryOfTheSameNameIsNeverAdopted) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
-  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
-  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  if (!private_mounts()) GTEST_SKIP() << "needs root for a mount namespace";
   fs::path scratch = top / "scratch";
   fs::create_directories(scratch);
   ASSERT_EQ(mount("tmpfs", scratch.c_str(), "tmpfs", 0, nullptr), 0);
@@ -468,8 +461,7 @@ TEST_F(Handlers, AnotherJobsDirectoryOfTheSameNameIsNeverAdopted) {
   old_map.map().entry(uint32_t(old_map.map().find("a.bin"))).state = make_state(kCached, 0);
   write(ds / "a.bin", "NEW a!!!!");  // the dataset changed since (same size)
   ASSERT_EQ(mount("tmpfs", (top / "tier").c_str(), "tmpfs", 0, nullptr), 0);  // this job's: hidden
-  P.map = nullptr;
-  P.next_load_ns = 0;
+  forget_map();
   ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
   int fd = open_((ds / "a.bin").string());
   ASSERT_GE(fd, 0);
@@ -485,8 +477,7 @@ TEST_F(Handlers, AJobDirectoryLookAlikeInJobDirsIsNeverUsed) {
   fs::path fake = top / "fake/monarch-t";
   write(fake / "data/a.bin", "FAKE!!!!!");
   m->entry(uint32_t(m->find("a.bin"))).state = make_state(kCached, 0);
-  P.map = nullptr;
-  P.next_load_ns = 0;
+  forget_map();
   ASSERT_TRUE(init_process(ds.c_str(), fake.c_str(), false, fake.c_str()));
   EXPECT_EQ(current_map(), nullptr);  // tier 0's map is looked for there: none
   P.next_load_ns = 0;
@@ -507,16 +498,13 @@ TEST_F(Handlers, AJobDirectoryLookAlikeInJobDirsIsNeverUsed) {
 // "dslink": the link's view is kept and serves the dataset's copy where the
 // kernel reads the mount's file.
 TEST_F(Handlers, AMountBelowAViewReachedThroughALinkIsNeverServed) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
-  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
-  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  if (!private_mounts()) GTEST_SKIP() << "needs root for a mount namespace";
   cache("sub/c.bin", "dataset c");
   fs::path link = top / "dslink", other = top / "other";
   fs::create_directory_symlink(ds, link);
   write(other / "c.bin", "OTHER c!!");
   ASSERT_EQ(mount(other.c_str(), (ds / "sub").c_str(), nullptr, MS_BIND, nullptr), 0);
-  P.map = nullptr;
-  P.next_load_ns = 0;
+  forget_map();
   ASSERT_TRUE(init_process(link.c_str(), job.c_str(), false));
   ASSERT_NE(current_map(), nullptr);
   int fd = open_((link / "sub/c.bin").string());
@@ -534,10 +522,7 @@ TEST_F(Handlers, AMountBelowAViewReachedThroughALinkIsNeverServed) {
 // such an open cost a prefix comparison. (P.loading = 1 stands for the
 // interrupted load.)
 TEST_F(Handlers, AnOpenOutsideTheDatasetNeverWaitsForAMapLoad) {
-  P.map = nullptr;
-  P.seeking = true;
-  P.next_seek_ns = 0;
-  P.next_load_ns = 0;
+  forget_map();
   P.loading = 1;
   uint64_t t0 = monotonic_ns();
   EXPECT_TRUE(outside(AT_FDCWD, "/proc/self/stat"));
@@ -554,9 +539,7 @@ TEST_F(Handlers, AnOpenOutsideTheDatasetNeverWaitsForAMapLoad) {
 // through, so the view is served: the submount's copy instead of the file
 // the kernel reads. (tests/review4/submount.sh is the same with monarch-run.)
 TEST_F(Handlers, AMountTheIndexCrossedThatIsAbsentHereIsNeverServed) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
-  ASSERT_EQ(unshare(CLONE_NEWNS), 0) << std::strerror(errno);
-  ASSERT_EQ(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+  if (!private_mounts()) GTEST_SKIP() << "needs root for a mount namespace";
   write(ds / "inner/x.bin", "UNDER x!!");  // what the directory holds under the mount
   ASSERT_EQ(mount("tmpfs", (ds / "inner").c_str(), "tmpfs", 0, nullptr), 0);
   write(ds / "inner/x.bin", "SUBMOUNT!");
@@ -573,8 +556,7 @@ TEST_F(Handlers, AMountTheIndexCrossedThatIsAbsentHereIsNeverServed) {
   with_mount.map().entry(uint32_t(with_mount.map().find("inner/x.bin"))).state =
       make_state(kCached, 0);
   ASSERT_EQ(umount2((ds / "inner").c_str(), MNT_DETACH), 0);  // this process's namespace
-  P.map = nullptr;
-  P.next_load_ns = 0;
+  forget_map();
   ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
   ASSERT_NE(current_map(), nullptr);
   int fd = open_((ds / "inner/x.bin").string());
