@@ -146,8 +146,7 @@ class Walk {
 
 }  // namespace
 
-Resolved resolve(const JobMap& m, const Views& views, std::string_view path,
-                 std::string_view cwd) {
+Resolved resolve(const JobMap& m, const Views& views, std::string_view path, std::string_view cwd) {
   return Walk(m, views).run(path, cwd);
 }
 

@@ -37,7 +37,6 @@ inline constexpr uint32_t kRoot = 0xffffffff;  // Resolved::id of the dataset ro
 // paths `views`. `cwd` is the physical directory a relative path starts
 // from (getcwd's answer, or a directory descriptor's /proc path); empty when
 // unknown, which makes a relative path kOutside.
-Resolved resolve(const JobMap& m, const Views& views, std::string_view path,
-                 std::string_view cwd);
+Resolved resolve(const JobMap& m, const Views& views, std::string_view path, std::string_view cwd);
 
 }  // namespace monarch

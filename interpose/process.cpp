@@ -124,8 +124,8 @@ bool job_dir_on_fuse() {
 // Is `path` the directory (dev, ino)?
 bool same_dir(const char* path, uint64_t dev, uint64_t ino) {
   struct stat st;
-  return *path && real::stat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
-         uint64_t(st.st_dev) == dev && uint64_t(st.st_ino) == ino;
+  return *path && real::stat(path, &st) == 0 && S_ISDIR(st.st_mode) && uint64_t(st.st_dev) == dev &&
+         uint64_t(st.st_ino) == ino;
 }
 
 // No symbolic link on `path` (absolute): the kernel's ".." from it is its lexical parent.
@@ -197,6 +197,10 @@ bool shows_other(const JobMap& m, const char* point, std::string_view rel) {
 // directories below `base` here? A container that binds the dataset without
 // its submounts shows what lies under them instead.
 bool index_mounts_here(const JobMap& m, const char* base) {
+  bool one_device = true;  // most datasets: no parent to look up at all
+  for (uint64_t d = 0; d < m.dirs() && one_device; ++d)
+    one_device = m.dir(uint32_t(d)).dev == m.root_dev();
+  if (one_device) return true;
   for (uint64_t d = 0; d < m.dirs(); ++d) {
     const DirEntry& e = m.dir(uint32_t(d));
     std::string_view rel = m.dir_path(uint32_t(d));
@@ -240,9 +244,10 @@ void drop_shadowed(Located& l, const JobMap& m) {
   int kept = 0;
   for (int i = 0; i < l.views; ++i) {
     if (shadowed[i]) {
-      note("%s shows other files than the dataset's below it (mounts): paths through it are "
-           "read from the PFS",
-           l.view[i]);
+      note(
+          "%s shows other files than the dataset's below it (mounts): paths through it are "
+          "read from the PFS",
+          l.view[i]);
       continue;
     }
     if (kept != i) {
@@ -427,7 +432,8 @@ JobMap* load_map() {
         }
         note("using the job map of %s (%llu files)", P.root, (unsigned long long)m->size());
         for (int i = 0; i < l->views; ++i)
-          note("the dataset is at %s here%s", l->view[i], l->physical[i] ? "" : " (through a link)");
+          note("the dataset is at %s here%s", l->view[i],
+               l->physical[i] ? "" : " (through a link)");
         say_hidden(*m, *l);
       } else {
         note("ignoring %s: %.*s; reading from the PFS", path, int(why.size()), why.data());

@@ -27,7 +27,7 @@ struct Located {
   bool physical[kViews];
   size_t len[kViews];
   char view[kViews][kPathMax];
-  char real[kViews][kPathMax];  // the kernel's name of each view (symbolic links resolved)
+  char real[kViews][kPathMax];     // the kernel's name of each view (symbolic links resolved)
   char tier[kMapTiers][kPathMax];  // each tier's job directory here; "" where it is not visible
   Views as_views() const;
 };
@@ -56,8 +56,8 @@ struct Process {
   std::atomic<uint64_t> next_seek_ns;
   char job_dir[kPathMax];
   char job_dirs[kMapTiers][kPathMax];  // each tier's as the environment gives it ("": not given)
-  char job_mount_path[kPathMax];  // job_dir made lexically clean, for /proc/self/mountinfo
-  char job_name[kPathMax];        // "monarch-<key>", the name of the job's directory on every tier
+  char job_mount_path[kPathMax];       // job_dir made lexically clean, for /proc/self/mountinfo
+  char job_name[kPathMax];  // "monarch-<key>", the name of the job's directory on every tier
   std::atomic<JobMap*> map;
   std::atomic<uint64_t> next_load_ns;
   std::atomic<int> loading;

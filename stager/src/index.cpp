@@ -568,7 +568,7 @@ void set_tiers(Header& h, const std::vector<std::string>& tier_dirs) {
     copy_path(h.tier_dirs[t], tier_dirs[t]);
     // A directory that is not there (yet) gets no identity: no process finds
     // it, and its copies are read from the PFS.
-    struct stat st{};
+    struct stat st {};
     bool there = stat(tier_dirs[t].c_str(), &st) == 0;
     h.tier_dev[t] = there ? st.st_dev : 0;
     h.tier_ino[t] = there ? st.st_ino : 0;

@@ -19,7 +19,8 @@ Mount parse(std::string& line) {
 
 std::vector<std::string> candidates(const Mount& m, uint64_t dev, std::string_view host) {
   std::vector<std::string> out;
-  if (on_device(m, dev)) mount_candidates(m, host, [&](std::string_view c) { out.emplace_back(c); });
+  if (on_device(m, dev))
+    mount_candidates(m, host, [&](std::string_view c) { out.emplace_back(c); });
   return out;
 }
 
