@@ -734,7 +734,11 @@ bool init_process(const char* dataset, const char* job, bool log, const char* jo
   given.len[0] = P.root_len;
   given.views = 1;
   P.located = &given;
-  P.seeking = true;
+  // Where the dataset is at the path given, a process looks for the map
+  // when it opens a path there, as it always did (a shell or a `sleep` of
+  // the job never pays for a map it does not use). Where it is not (a
+  // container shows it elsewhere), any absolute open looks.
+  P.seeking = !is_dir(P.root, P.root_len);
   P.enabled = true;
   update_cwd_hint();
   return true;

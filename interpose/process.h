@@ -48,10 +48,9 @@ struct Process {
   char root[kPathMax];  // the dataset root as given, lexically normal
   size_t root_len;
   std::atomic<const Located*> located;  // never null once init_process succeeded
-  // No map yet: the dataset's views are not known (a container may show
-  // the dataset at another path than the one given), so any absolute path
-  // may be the dataset's: opens look for the map, every 50 ms at most,
-  // until one is found.
+  // No map yet, and the path given is no directory here (a container shows
+  // the dataset elsewhere): any absolute path may be the dataset's, so opens
+  // look for the map, every 50 ms at most, until one is found.
   std::atomic<bool> seeking;
   std::atomic<uint64_t> next_seek_ns;
   char job_dir[kPathMax];

@@ -164,17 +164,19 @@ TEST_F(Handlers, PathsResolveAsTheKernelDoes) {
 TEST_F(Handlers, ADatasetAndJobDirectoryMountedElsewhereAreFoundByIdentity) {
   if (!private_mounts()) GTEST_SKIP() << "needs root for a mount namespace";
   cache("a.bin", "dataset a");
-  fs::path data = top / "data", elsewhere = top / "elsewhere";
+  char name[] = "/tmp/monarch-container-XXXXXX";
+  fs::path outer = mkdtemp(name), data = outer / "data", elsewhere = outer / "elsewhere";
   fs::create_directories(data);
   fs::create_directories(elsewhere);
   ASSERT_EQ(mount(ds.c_str(), data.c_str(), nullptr, MS_BIND, nullptr), 0);
   ASSERT_EQ(mount(job.c_str(), elsewhere.c_str(), nullptr, MS_BIND, nullptr), 0);
-  ASSERT_EQ(mount("tmpfs", ds.c_str(), "tmpfs", 0, nullptr), 0);
-  ASSERT_EQ(mount("tmpfs", (top / "tier").c_str(), "tmpfs", 0, nullptr), 0);
+  ASSERT_EQ(mount("tmpfs", top.c_str(), "tmpfs", 0, nullptr), 0);  // the host paths: absent
+  ASSERT_FALSE(fs::exists(ds));
   // The process knows only the host paths, as a container's processes do.
   forget_map();
   ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
-  EXPECT_EQ(std::string(P.job_dir), elsewhere.string());  // found by its name
+  EXPECT_TRUE(P.seeking.load());
+  EXPECT_EQ(std::string(P.job_dir), elsewhere.string());  // found by a mount of it
   // A job directory found by its name is adopted with a running stager only.
   m->header().heartbeat_ns = monotonic_ns();
   // No map yet: the first open of any absolute path looks for it.
@@ -198,7 +200,8 @@ TEST_F(Handlers, ADatasetAndJobDirectoryMountedElsewhereAreFoundByIdentity) {
             id("a.bin"));
   EXPECT_EQ(resolve(*current_map(), l.as_views(), "../a.bin", (data / "sub").string()).id,
             id("a.bin"));
-  for (const fs::path& p : {top / "tier", ds, elsewhere, data}) umount2(p.c_str(), MNT_DETACH);
+  for (const fs::path& p : {top, elsewhere, data}) umount2(p.c_str(), MNT_DETACH);
+  fs::remove_all(outer);
 }
 
 // A container that binds another directory over a part of the dataset's
