@@ -151,16 +151,17 @@ Located* new_located() {
   return mem == MAP_FAILED ? nullptr : new (mem) Located{};
 }
 
-// Adds `path` as a view if it reaches the root of `m` and is not one yet.
-// Not "/": a dataset that is a process's whole tree is no container's.
-void add_view(Located& l, const JobMap& m, std::string_view path) {
+// Adds `path` as a view if it reaches the directory (dev, ino), the dataset
+// root, and is not one yet. Not "/": a dataset that is a process's whole
+// tree is no container's.
+void add_view(Located& l, uint64_t dev, uint64_t ino, std::string_view path) {
   if (l.views >= kViews || path.size() < 2 || path.size() >= kPathMax) return;
   char p[kPathMax];
   std::memcpy(p, path.data(), path.size());
   p[path.size()] = 0;
   for (int i = 0; i < l.views; ++i)
     if (std::strcmp(l.view[i], p) == 0) return;
-  if (!same_dir(p, m.root_dev(), m.root_ino())) return;
+  if (!same_dir(p, dev, ino)) return;
   // The kernel's own name for it: what /proc/self/fd shows of a file opened through it.
   int fd = real::open(p, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
@@ -302,17 +303,24 @@ const char* list_entry(const char* list, uint32_t i, char* out, size_t cap) {
   return nullptr;
 }
 
+// Adds the views where mountinfo shows the file system of the directory
+// (dev, ino), whose real path (on some namespace's side) is `real_path`.
+void add_mount_views(Located& l, uint64_t dev, uint64_t ino, const char* real_path) {
+  for_each_mount([&](const Mount& mt) {
+    if (on_device(mt, dev))
+      mount_candidates(mt, real_path, [&](std::string_view c) { add_view(l, dev, ino, c); });
+  });
+}
+
 // Where the dataset of `m` and its tiers are in this namespace.
 const Located* locate(const JobMap& m) {
   Located* l = new_located();
   if (!l) return nullptr;
-  add_view(*l, m, {P.root, P.root_len});
-  add_view(*l, m, m.root());
-  add_view(*l, m, m.real_root());
-  for_each_mount([&](const Mount& mt) {
-    if (on_device(mt, m.root_dev()))
-      mount_candidates(mt, m.real_root(), [&](std::string_view c) { add_view(*l, m, c); });
-  });
+  uint64_t dev = m.root_dev(), ino = m.root_ino();
+  add_view(*l, dev, ino, {P.root, P.root_len});
+  add_view(*l, dev, ino, m.root());
+  add_view(*l, dev, ino, m.real_root());
+  add_mount_views(*l, dev, ino, m.real_root());
   drop_shadowed(*l, m);
   for (uint32_t t = 0; t < m.tiers() && t < uint32_t(kMapTiers); ++t)
     find_tier(*l, m, t, t == 0 ? P.job_dir : P.job_dirs[t]);
@@ -604,13 +612,44 @@ Views Located::as_views() const {
   return v;
 }
 
+namespace {
+
+// Before any map, where the path given is a directory here: the other
+// paths that show it (a container's /data that also sees the host path, as
+// Apptainer binds $HOME and /tmp), so that opens there find the map as opens
+// under the path given do. Checked again against the map when it comes.
+// Called under P.loading. False where the path given is no directory here.
+bool early_views() {
+  struct stat st;
+  if (real::stat(P.root, &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  Located* l = new_located();
+  if (!l) return false;
+  add_view(*l, st.st_dev, st.st_ino, {P.root, P.root_len});
+  if (l->views == 1) add_mount_views(*l, st.st_dev, st.st_ino, l->real[0]);
+  if (l->views == 0) std::memcpy(l, &located(), sizeof *l);  // unreadable: the path given only
+  P.located = l;
+  update_cwd_hint();
+  return true;
+}
+
+}  // namespace
+
 void seek_map() {
   // Never waits for a load under way (this thread's own, in a signal
   // handler, would never end), and costs at most a few percent of a thread:
-  // a node with thousands of mounts makes a look slow.
+  // a node with thousands of mounts makes a look slow. A vfork child never
+  // changes its parent's state.
   uint64_t now = monotonic_ns();
-  if (now < P.next_seek_ns.load(std::memory_order_relaxed) || P.loading.load()) return;
+  if (now < P.next_seek_ns.load(std::memory_order_relaxed) || P.loading.load() || !owner()) return;
   P.next_seek_ns = now + 50'000'000;
+  if (!P.early_done.exchange(true) && !P.map.load() && !P.loading.exchange(1)) {
+    bool here = early_views();
+    P.loading = 0;
+    if (here) {  // from now on, opens under the views look for the map, as they always did
+      P.seeking = false;
+      return;
+    }
+  }
   current_map();
   uint64_t took = monotonic_ns() - now;
   P.next_seek_ns = now + std::max<uint64_t>(50'000'000, 30 * took);
@@ -734,11 +773,13 @@ bool init_process(const char* dataset, const char* job, bool log, const char* jo
   given.len[0] = P.root_len;
   given.views = 1;
   P.located = &given;
-  // Where the dataset is at the path given, a process looks for the map
-  // when it opens a path there, as it always did (a shell or a `sleep` of
-  // the job never pays for a map it does not use). Where it is not (a
-  // container shows it elsewhere), any absolute open looks.
-  P.seeking = !is_dir(P.root, P.root_len);
+  // Before a map, the first absolute open finds the other paths of the
+  // dataset here (early_views); where the path given is no directory here
+  // (a container shows the dataset elsewhere), every absolute open looks for
+  // the map (rate-limited) instead. A shell or a `sleep` of the job never
+  // pays for a map it does not use.
+  P.seeking = true;
+  P.early_done = false;
   P.enabled = true;
   update_cwd_hint();
   return true;

@@ -48,10 +48,13 @@ struct Process {
   char root[kPathMax];  // the dataset root as given, lexically normal
   size_t root_len;
   std::atomic<const Located*> located;  // never null once init_process succeeded
-  // No map yet, and the path given is no directory here (a container shows
-  // the dataset elsewhere): any absolute path may be the dataset's, so opens
-  // look for the map, every 50 ms at most, until one is found.
+  // No map yet, and the dataset's paths here are not all known: opens of
+  // absolute paths call seek_map(), which first finds the paths that show
+  // the dataset's path given (early_done), or, where that is no directory
+  // here (a container shows the dataset elsewhere), looks for the map, every
+  // 50 ms at most, until one is found.
   std::atomic<bool> seeking;
+  std::atomic<bool> early_done;
   std::atomic<uint64_t> next_seek_ns;
   char job_dir[kPathMax];
   char job_dirs[kMapTiers][kPathMax];  // each tier's as the environment gives it ("": not given)
@@ -106,7 +109,8 @@ void on_chdir_done();
 inline const Located& located() {
   return *P.located.load(std::memory_order_acquire);
 }
-// Looks for the job map (at most every 50 ms) while P.seeking.
+// While P.seeking: finds the dataset's paths before its map, or looks for
+// the map (at most every 50 ms).
 void seek_map();
 
 // Is `st` one of the directories or links the dataset root's path goes through?

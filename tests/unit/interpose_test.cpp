@@ -81,10 +81,12 @@ class Handlers : public ::testing::Test {
     return geteuid() == 0 && unshare(CLONE_NEWNS) == 0 &&
            mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0;
   }
-  // As a process before it found its map: the next look loads it.
+  // As a process before it found its map, where the path given shows no
+  // dataset (a container's): the next absolute open looks for the map.
   static void forget_map() {
     P.map = nullptr;
     P.seeking = true;
+    P.early_done = true;
     P.next_seek_ns = 0;
     P.next_load_ns = 0;
   }
@@ -202,6 +204,32 @@ TEST_F(Handlers, ADatasetAndJobDirectoryMountedElsewhereAreFoundByIdentity) {
             id("a.bin"));
   for (const fs::path& p : {top, elsewhere, data}) umount2(p.c_str(), MNT_DETACH);
   fs::remove_all(outer);
+}
+
+// Apptainer binds $HOME and /tmp by default: the path given is visible, and
+// the program reads the dataset through another bind (/data). The first
+// absolute open finds /data, so that an open there finds the map.
+TEST_F(Handlers, BeforeAMapTheMountsOfThePathGivenAreFound) {
+  if (!private_mounts()) GTEST_SKIP() << "needs root for a mount namespace";
+  cache("a.bin", "dataset a");
+  fs::path data = top / "data";
+  fs::create_directories(data);
+  ASSERT_EQ(mount(ds.c_str(), data.c_str(), nullptr, MS_BIND, nullptr), 0);
+  forget_map();
+  P.early_done = false;
+  ASSERT_TRUE(init_process(ds.c_str(), job.c_str(), false));
+  EXPECT_TRUE(outside(AT_FDCWD, "/etc/hostname"));  // the first absolute open: the mounts
+  EXPECT_EQ(P.map.load(), nullptr);                 // no map loaded for it
+  EXPECT_FALSE(P.seeking.load());
+  ASSERT_EQ(located().views, 2);
+  int fd = open_((data / "a.bin").string());
+  ASSERT_GE(fd, 0);
+  ASSERT_NE(P.map.load(), nullptr);
+  ASSERT_NE(tracked(fd), nullptr);
+  EXPECT_EQ(tracked(fd)->kind.load(), kLocal);
+  EXPECT_EQ(read_all(fd), "dataset a");
+  real::close(fd);
+  umount2(data.c_str(), MNT_DETACH);
 }
 
 // A container that binds another directory over a part of the dataset's
