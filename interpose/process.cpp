@@ -695,6 +695,13 @@ void on_chdir_done() {
 
 namespace {
 
+// P.job_mount_path: `job` made lexically clean, for job_dir_on_fuse().
+void set_job_mount_path(const char* cwd, const char* job) {
+  int n = normalize_path(cwd, job, P.job_mount_path, sizeof P.job_mount_path);
+  if (n <= 0) std::strcpy(P.job_mount_path, job), n = int(std::strlen(job));
+  while (n > 1 && P.job_mount_path[n - 1] == '/') P.job_mount_path[--n] = 0;
+}
+
 // Is `path` (the first `n` bytes of it) a directory here?
 bool is_dir(const char* path, size_t n) {
   char p[kPathMax];
@@ -712,9 +719,12 @@ bool is_dir(const char* path, size_t n) {
 // map is adopted (tier 0's).
 bool find_job_dir(const char* job) {
   P.job_dir_by_mount = false;
-  if (is_dir(job, std::strlen(job))) return true;
+  // On FUSE, whose daemon may never answer a stat: not looked at (load_map
+  // says why no map is used).
+  if (job_dir_on_fuse() || is_dir(job, std::strlen(job))) return true;
   bool found = false;
   for_each_mount([&](const Mount& m) {
+    if (m.type.starts_with("fuse")) return;
     mount_candidates(m, job, [&](std::string_view c) {
       if (found || c.size() >= sizeof P.job_dir || !is_dir(c.data(), c.size())) return;
       std::memcpy(P.job_dir, c.data(), c.size());
@@ -743,6 +753,7 @@ bool init_process(const char* dataset, const char* job, bool log, const char* jo
   std::strcpy(P.job_name, base ? base + 1 : job);
   for (uint32_t t = 0; t < uint32_t(kMapTiers); ++t)
     if (!list_entry(job_dirs, t, P.job_dirs[t], sizeof P.job_dirs[t])) P.job_dirs[t][0] = 0;
+  set_job_mount_path(cwd, job);
   if (!find_job_dir(job)) {
     char exe[256];
     ssize_t n = real::readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -753,9 +764,7 @@ bool init_process(const char* dataset, const char* job, bool log, const char* jo
     return false;
   }
   job = P.job_dir;
-  int jn = normalize_path(cwd, job, P.job_mount_path, sizeof P.job_mount_path);
-  if (jn <= 0) std::strcpy(P.job_mount_path, job), jn = int(std::strlen(job));
-  while (jn > 1 && P.job_mount_path[jn - 1] == '/') P.job_mount_path[--jn] = 0;
+  set_job_mount_path(cwd, job);
   char sock[kPathMax + 16];
   std::snprintf(sock, sizeof sock, "%s/%s", job, kSocketName);
   if (std::strlen(sock) >= sizeof P.addr.sun_path) {
