@@ -45,24 +45,35 @@ void update_cwd_hint() {
   P.cwd_related = related || !P.map.load();
 }
 
+// Calls fn(prefix, lstat of it or null) for each directory on the absolute
+// `path` of length `len` and for the path itself ("/a", "/a/b", ...), while
+// fn returns true. False when fn stopped it or the path does not fit.
+template <typename Fn>
+bool each_prefix(const char* path, size_t len, Fn fn) {
+  char prefix[kPathMax];
+  if (len >= sizeof prefix) return false;
+  for (size_t i = 1; i <= len; ++i) {
+    if (i < len && path[i] != '/') continue;
+    std::memcpy(prefix, path, i);
+    prefix[i] = 0;
+    struct stat st;
+    if (!fn(prefix, real::lstat(prefix, &st) == 0 ? &st : nullptr)) return false;
+  }
+  return true;
+}
+
 void find_ancestors() {
   int n = 0;
   const Located& l = located();
-  for (int v = 0; v < l.views; ++v) {
-    const char* root = l.view[v];
-    size_t len = l.len[v];
-    char prefix[kPathMax];
-    for (size_t i = 1; i <= len && n < Process::kAncestors - 1; ++i) {
-      if (i < len && root[i] != '/') continue;
-      std::memcpy(prefix, root, i);
-      prefix[i] = 0;
-      struct stat st;
-      if (real::lstat(prefix, &st) != 0) continue;
-      P.ancestors[n++] = {uint64_t(st.st_dev), st.st_ino};
-      if (S_ISLNK(st.st_mode) && real::stat(prefix, &st) == 0 && n < Process::kAncestors)
-        P.ancestors[n++] = {uint64_t(st.st_dev), st.st_ino};
-    }
-  }
+  for (int v = 0; v < l.views; ++v)
+    each_prefix(l.view[v], l.len[v], [&n](const char* prefix, struct stat* st) {
+      if (n >= Process::kAncestors - 1) return false;
+      if (!st) return true;
+      P.ancestors[n++] = {uint64_t(st->st_dev), st->st_ino};
+      if (S_ISLNK(st->st_mode) && real::stat(prefix, st) == 0 && n < Process::kAncestors)
+        P.ancestors[n++] = {uint64_t(st->st_dev), st->st_ino};
+      return true;
+    });
   P.ancestor_count = n;
 }
 
@@ -130,16 +141,15 @@ bool same_dir(const char* path, uint64_t dev, uint64_t ino) {
 
 // No symbolic link on `path` (absolute): the kernel's ".." from it is its lexical parent.
 bool no_links(const char* path) {
-  char prefix[kPathMax];
-  size_t len = std::strlen(path);
-  if (len >= sizeof prefix) return false;
-  for (size_t i = 1; i <= len; ++i) {
-    if (i < len && path[i] != '/') continue;
-    std::memcpy(prefix, path, i);
-    prefix[i] = 0;
-    struct stat st;
-    if (real::lstat(prefix, &st) != 0 || S_ISLNK(st.st_mode)) return false;
-  }
+  return each_prefix(path, std::strlen(path),
+                     [](const char*, struct stat* st) { return st && !S_ISLNK(st->st_mode); });
+}
+
+// `s` as a C string in `out`; false when it does not fit.
+bool terminated(std::string_view s, char (&out)[kPathMax]) {
+  if (s.size() >= sizeof out) return false;
+  std::memcpy(out, s.data(), s.size());
+  out[s.size()] = 0;
   return true;
 }
 
@@ -155,10 +165,8 @@ Located* new_located() {
 // root, and is not one yet. Not "/": a dataset that is a process's whole
 // tree is no container's.
 void add_view(Located& l, uint64_t dev, uint64_t ino, std::string_view path) {
-  if (l.views >= kViews || path.size() < 2 || path.size() >= kPathMax) return;
   char p[kPathMax];
-  std::memcpy(p, path.data(), path.size());
-  p[path.size()] = 0;
+  if (l.views >= kViews || path.size() < 2 || !terminated(path, p)) return;
   for (int i = 0; i < l.views; ++i)
     if (std::strcmp(l.view[i], p) == 0) return;
   if (!same_dir(p, dev, ino)) return;
@@ -273,11 +281,9 @@ void drop_shadowed(Located& l, const JobMap& m) {
 void find_tier(Located& l, const JobMap& m, uint32_t t, const char* given) {
   uint64_t dev = m.tier_dev(t), ino = m.tier_ino(t);
   auto take = [&](std::string_view path) {
-    if (l.tier[t][0] || path.empty() || path.size() >= kPathMax) return;
     char p[kPathMax];
-    std::memcpy(p, path.data(), path.size());
-    p[path.size()] = 0;
-    if (same_dir(p, dev, ino)) std::memcpy(l.tier[t], p, path.size() + 1);
+    if (!l.tier[t][0] && terminated(path, p) && same_dir(p, dev, ino))
+      std::memcpy(l.tier[t], p, path.size() + 1);
   };
   if (given) take(given);
   take(m.tier_dir(t));
@@ -412,12 +418,13 @@ JobMap* load_map() {
       if (why.empty() && std::strcmp(m->root(), P.root) != 0 &&
           !same_dir(P.root, m->root_dev(), m->root_ino()))
         why = "another dataset";
-      const Located* l = why.empty() ? locate(*m) : nullptr;
-      if (why.empty() && !l) why = "no memory";
       // A job directory found by its name alone may be another job's, left
       // behind: only a map whose stager runs is this job's.
       if (why.empty() && P.job_dir_by_mount && !m->stager_alive(monotonic_ns()))
         why = "its stager is not running (another job's directory of the same name?)";
+      // Last: a Located is never freed (see new_located), so none for a refused map.
+      const Located* l = why.empty() ? locate(*m) : nullptr;
+      if (why.empty() && !l) why = "no memory";
       if (why.empty()) {
         // Maps are never unmapped: descriptors opened under an older one still use it.
         P.located = l;
@@ -695,6 +702,13 @@ void on_chdir_done() {
 
 namespace {
 
+// The running program's path, for a line that names it.
+const char* program(char (&exe)[256]) {
+  ssize_t n = real::readlink ? real::readlink("/proc/self/exe", exe, sizeof exe - 1) : -1;
+  exe[n > 0 ? n : 0] = 0;
+  return *exe ? exe : "this program";
+}
+
 // P.job_mount_path: `job` made lexically clean, for job_dir_on_fuse().
 void set_job_mount_path(const char* cwd, const char* job) {
   int n = normalize_path(cwd, job, P.job_mount_path, sizeof P.job_mount_path);
@@ -702,14 +716,11 @@ void set_job_mount_path(const char* cwd, const char* job) {
   while (n > 1 && P.job_mount_path[n - 1] == '/') P.job_mount_path[--n] = 0;
 }
 
-// Is `path` (the first `n` bytes of it) a directory here?
-bool is_dir(const char* path, size_t n) {
+// Is `path` a directory here?
+bool is_dir(std::string_view path) {
   char p[kPathMax];
-  if (n == 0 || n >= sizeof p) return false;
-  std::memcpy(p, path, n);
-  p[n] = 0;
   struct stat st;
-  return real::stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+  return !path.empty() && terminated(path, p) && real::stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 // The job directory as this process sees it: `job` itself, or where a mount
@@ -721,19 +732,16 @@ bool find_job_dir(const char* job) {
   P.job_dir_by_mount = false;
   // On FUSE, whose daemon may never answer a stat: not looked at (load_map
   // says why no map is used).
-  if (job_dir_on_fuse() || is_dir(job, std::strlen(job))) return true;
+  if (job_dir_on_fuse() || is_dir(job)) return true;
   bool found = false;
   for_each_mount([&](const Mount& m) {
     if (m.type.starts_with("fuse")) return;
     mount_candidates(m, job, [&](std::string_view c) {
-      if (found || c.size() >= sizeof P.job_dir || !is_dir(c.data(), c.size())) return;
-      std::memcpy(P.job_dir, c.data(), c.size());
-      P.job_dir[c.size()] = 0;
-      found = P.job_dir_by_mount = true;
+      if (!found && is_dir(c) && terminated(c, P.job_dir)) found = P.job_dir_by_mount = true;
     });
   });
   const char* slash = std::strrchr(job, '/');
-  return found || (slash && is_dir(job, slash > job ? size_t(slash - job) : 1));
+  return found || (slash && is_dir({job, slash > job ? size_t(slash - job) : 1}));
 }
 
 }  // namespace
@@ -756,11 +764,9 @@ bool init_process(const char* dataset, const char* job, bool log, const char* jo
   set_job_mount_path(cwd, job);
   if (!find_job_dir(job)) {
     char exe[256];
-    ssize_t n = real::readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = 0;
     say("monarch: the job directory %s is not visible to %s (pid %d; a container that does not "
         "mount it? see Containers in Monarch's README): it reads %s from the PFS",
-        job, *exe ? exe : "this program", int(real_pid()), P.root);
+        job, program(exe), int(real_pid()), P.root);
     return false;
   }
   job = P.job_dir;
@@ -808,10 +814,8 @@ extern "C" void* __dso_handle __attribute__((weak));
 void refuse_other_libc(const char* dataset) {
   if (!dataset || !*dataset) return;
   char exe[256];
-  ssize_t n = real::readlink ? real::readlink("/proc/self/exe", exe, sizeof exe - 1) : -1;
-  exe[n > 0 ? n : 0] = 0;
   say("monarch: %s (pid %d) does not use glibc (a musl program?): it reads %s from the PFS",
-      *exe ? exe : "this program", int(real_pid()), dataset);
+      program(exe), int(real_pid()), dataset);
 }
 
 __attribute__((constructor)) void init() {
