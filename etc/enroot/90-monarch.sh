@@ -33,7 +33,11 @@ preload_without_library() {
   local value entry kept=""
   value=$(grep -a '^LD_PRELOAD=' "${ENROOT_ENVIRON}" 2>/dev/null | tail -n 1)
   value=${value#LD_PRELOAD=}
-  for entry in ${value//:/ }; do
+  local -a entries
+  # Split on ':' and blanks as ld.so does; read, not word splitting, so that
+  # no entry is matched as a pattern against the host's files.
+  IFS=': ' read -r -a entries <<<"${value}"
+  for entry in "${entries[@]}"; do
     [ "${entry}" = "${library}" ] || kept=${kept:+${kept}:}${entry}
   done
   printf '%s' "${kept}"
@@ -111,13 +115,14 @@ libc_problem() {
 [ -n "${root}" ] && [ -d "${root}" ] || off "ENROOT_ROOTFS is not a directory"
 plain_path "${library}" && [ -f "${library}" ] && [ -r "${library}" ] ||
   off "MONARCH_INTERPOSE_LIB='${library}' is not a readable library"
+for name in MONARCH_DATASET MONARCH_JOB_DIR MONARCH_JOB_DIRS MONARCH_LOG; do
+  [[ "${!name-}" != *[[:cntrl:]]* ]] || off "${name} has a control character"
+done
 IFS=: read -r -a dirs <<<"${MONARCH_JOB_DIRS}"
+[ "${#dirs[@]}" -gt 0 ] || off "MONARCH_JOB_DIRS names no job directory"
 for dir in "${dirs[@]}"; do
   plain_path "${dir}" && [ -d "${dir}" ] ||
     off "MONARCH_JOB_DIRS names '${dir}', not a job directory"
-done
-for name in MONARCH_DATASET MONARCH_JOB_DIR MONARCH_LOG; do
-  [[ "${!name-}" != *[[:cntrl:]]* ]] || off "${name} has a control character"
 done
 problem=$(libc_problem)
 [ -z "${problem}" ] || off "${problem}"
