@@ -52,37 +52,42 @@ enum Counter : int {
 namespace monarch {
 
 // X(name, meaning): counters of the stager itself.
-#define MONARCH_STAGER_COUNTERS(X)                                                        \
-  X(copies, "files copied from the PFS to a node-local tier")                             \
-  X(copy_bytes, "bytes of those copies")                                                  \
-  X(copy_ns, "time spent in those copies, summed over copy threads")                      \
-  X(pfs_opens, "opens sent to the PFS by the stager")                                     \
-  X(pfs_open_ns, "time spent in those opens")                                             \
-  X(pfs_reads, "reads sent to the PFS by the stager")                                     \
-  X(pfs_bytes, "bytes read from the PFS by the stager")                                   \
-  X(pfs_read_ns, "time spent in those reads")                                             \
-  X(check_bytes, "bytes read again from the PFS by the fast-file-system check")           \
-  X(check_cached, "copies the check left out: the PFS read back came from a cache")       \
-  X(no_buffer, "times a copy waited: no memory for its buffer")                           \
-  X(handoffs, "files written from bytes a reader had read whole")                         \
-  X(handoff_bytes, "bytes of those files")                                                \
-  X(adopted, "copies found from an earlier stager of this job and kept")                  \
-  X(adopted_bytes, "bytes of those copies")                                               \
-  X(discarded, "copies found from an earlier stager that no longer matched the PFS")      \
-  X(noroom, "files that fit on no tier")                                                  \
-  X(copy_errors, "copies that failed with an I/O error")                                  \
-  X(stale, "files whose PFS version changed after indexing")                              \
-  X(tier_full, "times a tier's file system ran out of space")                             \
-  X(requests, "requests received from the job's processes")                               \
-  X(ignored, "requests ignored (another generation, or nothing to do)")                   \
-  X(preemptions, "background copies paused for a reader's request")                       \
-  X(copies_off, "1 when copying stopped: the dataset's file system is as fast as a tier") \
-  X(peer_copies, "files copied from another node of the job")                             \
-  X(peer_bytes, "bytes received from other nodes (those copies, and reads passed on)")    \
-  X(peer_fallbacks, "copies from another node that went to the PFS instead")              \
-  X(served_bytes, "bytes sent to other nodes (an answer sent again counts again)")        \
-  X(peers_failed, "nodes of the job this node stopped asking (dead or unreachable)")      \
-  X(index_received, "1 when the index came from another node instead of a walk")          \
+#define MONARCH_STAGER_COUNTERS(X)                                                           \
+  X(copies, "files copied from the PFS to a node-local tier")                                \
+  X(copy_bytes, "bytes of those copies")                                                     \
+  X(copy_ns, "time spent in those copies, summed over copy threads")                         \
+  X(pfs_opens, "opens sent to the PFS by the stager")                                        \
+  X(pfs_open_ns, "time spent in those opens")                                                \
+  X(pfs_reads, "reads sent to the PFS by the stager")                                        \
+  X(pfs_bytes, "bytes read from the PFS by the stager")                                      \
+  X(pfs_read_ns, "time spent in those reads")                                                \
+  X(check_bytes, "bytes read again from the PFS by the fast-file-system check")              \
+  X(check_cached, "copies the check left out: the PFS read back came from a cache")          \
+  X(no_buffer, "times a copy waited: no memory for its buffer")                              \
+  X(handoffs, "files written from bytes a reader had read whole")                            \
+  X(handoff_bytes, "bytes of those files")                                                   \
+  X(adopted, "copies found from an earlier stager of this job and kept")                     \
+  X(adopted_bytes, "bytes of those copies")                                                  \
+  X(discarded, "copies found from an earlier stager that no longer matched the PFS")         \
+  X(noroom, "files that fit on no tier")                                                     \
+  X(copy_errors, "copies that failed with an I/O error")                                     \
+  X(stale, "files whose PFS version changed after indexing")                                 \
+  X(tier_full, "times a tier's file system ran out of space")                                \
+  X(requests, "requests received from the job's processes")                                  \
+  X(ignored, "requests ignored (another generation, or nothing to do)")                      \
+  X(preemptions, "background copies paused for a reader's request")                          \
+  X(copies_off, "1 when copying stopped: the dataset's file system is as fast as a tier")    \
+  X(peer_copies, "files copied from another node of the job")                                \
+  X(peer_bytes, "bytes received from other nodes (those copies, and reads passed on)")       \
+  X(peer_fallbacks, "copies from another node that went to the PFS instead")                 \
+  X(served_bytes, "bytes sent to other nodes (an answer sent again counts again)")           \
+  X(peers_failed, "nodes of the job this node stopped asking (dead or unreachable)")         \
+  X(index_received, "1 when the index came from another node instead of a walk")             \
+  X(index_source, "the node the index came from last: its place in the job's nodes, plus 1") \
+  X(index_bytes_in, "bytes of the index received from other nodes")                          \
+  X(index_bytes_out, "bytes of the index sent to other nodes (relayed ones included)")       \
+  X(index_ms, "time from the stager's start until it held the whole index")                  \
+  X(peak_memory, "the stager's peak resident memory, in bytes")                              \
   X(alone, "1 when this node of a multi-node job cached on its own, outside the job's cache")
 
 enum StagerCounter : int {

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -65,30 +67,65 @@ bool tables_inside(const Header& h) {
 
 }  // namespace
 
-std::string index_wire(const JobMap& map) {
+void index_wire_chunks(const JobMap& map, const std::function<void(const char*, size_t)>& out) {
   const Header& h = map.header();
-  const char* p = reinterpret_cast<const char*>(&h);
-  std::string wire(p, h.slots_off);
-  auto* w = reinterpret_cast<Header*>(wire.data());
+  Header w;
+  std::memcpy(static_cast<void*>(&w), &h, sizeof w);
   // What is this node's alone: its generation, tiers and live words.
-  w->generation = 0;
-  std::memset(w->tier_dirs, 0, sizeof w->tier_dirs);
-  std::memset(w->tier_dev, 0, sizeof w->tier_dev);
-  std::memset(w->tier_ino, 0, sizeof w->tier_ino);
+  w.generation = 0;
+  std::memset(w.tier_dirs, 0, sizeof w.tier_dirs);
+  std::memset(w.tier_dev, 0, sizeof w.tier_dev);
+  std::memset(w.tier_ino, 0, sizeof w.tier_ino);
   size_t live = offsetof(Header, heartbeat_ns);
-  std::memset(wire.data() + live, 0, sizeof(Header) - live);
+  std::memset(reinterpret_cast<char*>(&w) + live, 0, sizeof(Header) - live);
+  out(reinterpret_cast<const char*>(&w), sizeof w);
+  const char* p = reinterpret_cast<const char*>(&h);
+  for (uint64_t off = sizeof(Header); off < h.slots_off;) {
+    size_t n = size_t(std::min<uint64_t>(h.slots_off - off, kWireChunk));
+    out(p + off, n);
+    off += n;
+  }
+}
+
+std::string index_wire(const JobMap& map) {
+  std::string wire;
+  index_wire_chunks(map, [&](const char* p, size_t n) { wire.append(p, n); });
   return wire;
 }
 
 MappedMap build_index_from(const IndexOptions& opt, std::string_view wire, IndexStats& stats,
                            const std::function<void(JobMap&)>& before_publish) {
+  auto read = [wire](uint64_t off, char* dst, size_t len) {
+    if (off > wire.size() || len > wire.size() - off) return false;
+    std::memcpy(dst, wire.data() + off, len);
+    return true;
+  };
+  return build_index_from(opt, wire.size(), read, stats, before_publish);
+}
+
+MappedMap build_index_from(const IndexOptions& opt, int fd, uint64_t size, IndexStats& stats,
+                           const std::function<void(JobMap&)>& before_publish) {
+  auto read = [fd](uint64_t off, char* dst, size_t len) {
+    for (size_t done = 0; done < len;) {
+      ssize_t n = pread(fd, dst + done, len - done, off_t(off + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      done += size_t(n);
+    }
+    return true;
+  };
+  return build_index_from(opt, size, read, stats, before_publish);
+}
+
+MappedMap build_index_from(const IndexOptions& opt, uint64_t size, const WireReader& read,
+                           IndexStats& stats, const std::function<void(JobMap&)>& before_publish) {
   auto start = std::chrono::steady_clock::now();
-  if (wire.size() < sizeof(Header) || std::memcmp(wire.data(), kMagic, sizeof kMagic) != 0)
-    throw std::runtime_error("the index received is not a Monarch index of this version");
   Header h;
-  std::memcpy(static_cast<void*>(&h), wire.data(), sizeof(Header));
-  if (h.slots_off != wire.size() || h.entries_off < sizeof(Header))
-    throw std::runtime_error("the index received is truncated (" + std::to_string(wire.size()) +
+  if (size < sizeof(Header) || !read(0, reinterpret_cast<char*>(&h), sizeof h) ||
+      std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)
+    throw std::runtime_error("the index received is not a Monarch index of this version");
+  if (h.slots_off != size || h.entries_off < sizeof(Header))
+    throw std::runtime_error("the index received is truncated (" + std::to_string(size) +
                              " bytes)");
   if (!tables_inside(h))
     throw std::runtime_error("the index received is damaged: a table lies outside it");
@@ -107,7 +144,15 @@ MappedMap build_index_from(const IndexOptions& opt, std::string_view wire, Index
   std::string tmp = opt.out_path + ".tmp";
   MappedMap result = create_map_file(opt.out_path, total);
   char* p = static_cast<char*>(result.base());
-  std::memcpy(p, wire.data(), wire.size());
+  for (uint64_t off = 0; off < size;) {
+    size_t n = size_t(std::min<uint64_t>(size - off, kWireChunk));
+    if (!read(off, p + off, n))
+      throw std::runtime_error("the index received cannot be read back at byte " +
+                               std::to_string(off));
+    off += n;
+  }
+  std::memcpy(p, static_cast<const void*>(&h),
+              sizeof h);  // the header checked above, whatever was read again
   size_t live = offsetof(Header, heartbeat_ns);  // the sender's live words are not ours
   std::memset(p + live, 0, sizeof(Header) - live);
   auto* w = reinterpret_cast<Header*>(p);

@@ -44,6 +44,7 @@ inline constexpr const char* kSocketName = "ctl.sock";
 inline constexpr const char* kStatsName = "stats.json";
 inline constexpr const char* kLockName = "stager.lock";
 inline constexpr const char* kLogName = "stager.log";
+inline constexpr const char* kIndexWireName = "index.wire";  // a multi-node job's: jobwide.h
 
 // Inside a tier's job directory: finished copies at data/<path>, copies being
 // written at tmp/<generation>-<id> (copy_name, partial_name).

@@ -7,6 +7,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -36,14 +37,16 @@ constexpr size_t kMaxQueued = 256;  // requests waiting for a server
 // How long a reader's bytes from another node may stay pending (the node
 // copies the file from the PFS first) before the reader reads the PFS.
 constexpr uint64_t kPassOnPatienceNs = 30'000'000'000;
-// A node without the index yet answers a request for it "pending" at once
-// (so that a walker asked by every node holds no server long); the asking
-// node asks again this much later. Each call waits at most kIndexCallMs.
+// A node asked for a piece of the index it does not hold yet answers
+// "pending" once it has waited this long for it (the bytes it relays arrive
+// meanwhile), and is asked again at once. Each call waits at most
+// kIndexCallMs; after a call that failed, the asking node waits 20 ms,
+// doubled each time up to kIndexRetryMs.
+constexpr uint64_t kIndexPollNs = 50'000'000;
 constexpr uint64_t kIndexRetryMs = 100;
 constexpr uint64_t kIndexCallMs = 1000;
-// Answers of the whole index being sent at once, at most (each holds a copy
-// of it until sent); past it, the asker is told to ask again.
-constexpr unsigned kMaxIndexAnswers = 2;
+// A wire form larger than this is no index (a map's file is far smaller).
+constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 44;
 
 uint64_t now_ns() {
   return monotonic_ns();
@@ -121,8 +124,10 @@ JobWide::JobWide(JobWideOptions options, std::atomic<uint64_t>* counters)
         return nodes;
       }()),
       counters_(counters),
-      peers_(new Peer[opt_.nodes.size()]) {
+      peers_(new Peer[opt_.nodes.size()]),
+      start_ns_(now_ns()) {
   walker_ = opt_.self == 0;
+  opt_.piece_bytes = std::clamp<uint64_t>(opt_.piece_bytes, 1, kMaxPiece);
 }
 
 std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
@@ -184,6 +189,8 @@ std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
 JobWide::~JobWide() {
   stop();
   net_.reset();
+  if (held_.fd >= 0) close(held_.fd);
+  EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(held_.sha));
 }
 
 void JobWide::stop() {
@@ -196,6 +203,10 @@ void JobWide::stop() {
   }
   for (auto& t : workers_) t.join();
   workers_.clear();
+  {
+    std::lock_guard held(held_.mu);
+    held_.cv.notify_all();
+  }
   std::lock_guard lock(mu_);
   queue_.clear();  // their replies, dropped, answer the callers with an error
   for (const PassOn& p : pass_on_) close(p.fd);  // the readers read the PFS
@@ -208,13 +219,73 @@ void JobWide::serving(JobMap& map, Copier& copier, std::vector<int> tier_fds) {
   std::vector<uint64_t> sizes(map.size());
   for (uint32_t i = 0; i < map.size(); ++i) sizes[i] = map.entry(i).size;
   std::vector<uint16_t> first = balance_homes(sizes, int(opt_.nodes.size()));
-  std::lock_guard lock(mu_);
-  first_home_ = std::move(first);
-  map_ = &map;
-  copier_ = &copier;
-  tier_fds_ = std::move(tier_fds);
-  wire_ = index_wire(map);
-  cv_.notify_all();
+  {
+    std::lock_guard lock(mu_);
+    first_home_ = std::move(first);
+    map_ = &map;
+    copier_ = &copier;
+    tier_fds_ = std::move(tier_fds);
+    cv_.notify_all();
+  }
+  bool walked;
+  {
+    std::lock_guard lock(held_.mu);
+    walked = held_.total == 0 || held_.have < held_.total;
+  }
+  if (walked) {
+    write_index(map);
+    counters_[s_index_ms] = (now_ns() - start_ns_) / 1'000'000;
+  }
+}
+
+// The walker's index, written whole to its file as it is hashed, then
+// served: one pass over the map, a chunk at a time.
+void JobWide::write_index(const JobMap& map) {
+  {
+    // Whatever was held (a part of another node's index) is given up first:
+    // a piece read from the file from now on is never sent.
+    std::lock_guard lock(held_.mu);
+    held_.total = held_.have = 0;
+    held_.version++;
+  }
+  int fd = opt_.wire_dir >= 0 ? openat(opt_.wire_dir, kIndexWireName,
+                                       O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)
+                              : -1;
+  bool ok = fd >= 0;
+  int err = ok ? 0 : opt_.wire_dir >= 0 ? errno : EBADF;
+  EVP_MD_CTX* sha = EVP_MD_CTX_new();
+  ok = ok && sha && EVP_DigestInit_ex(sha, EVP_sha256(), nullptr) == 1;
+  uint64_t total = 0;
+  index_wire_chunks(map, [&](const char* p, size_t n) {
+    for (size_t done = 0; ok && done < n;) {
+      ssize_t w = pwrite(fd, p + done, n - done, off_t(total + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0)
+        ok = false, err = w < 0 ? errno : ENOSPC;
+      else
+        done += size_t(w);
+    }
+    ok = ok && EVP_DigestUpdate(sha, p, n) == 1;
+    total += n;
+  });
+  unsigned char digest[32];
+  unsigned len = 0;
+  ok = ok && EVP_DigestFinal_ex(sha, digest, &len) == 1 && len == sizeof digest;
+  EVP_MD_CTX_free(sha);
+  std::lock_guard lock(held_.mu);
+  if (held_.fd >= 0) close(held_.fd);
+  held_.fd = ok ? fd : -1;
+  if (!ok) {
+    if (fd >= 0) close(fd);
+    spdlog::warn("cannot keep the index for the other nodes in {}: {}: they walk the dataset",
+                 kIndexWireName, std::strerror(err));
+    held_.unavailable = true;
+  } else {
+    held_.total = held_.have = total;
+    std::memcpy(held_.digest, digest, sizeof digest);
+  }
+  held_.version++;
+  held_.cv.notify_all();
 }
 
 // On UCX's progress thread: queued for the servers, never served here.
@@ -247,26 +318,58 @@ void JobWide::worker() {
   }
 }
 
+// A piece of the index, from the part this node holds: a node relays it
+// while it receives it. Read from the file, never under mu_.
+void JobWide::serve_index(const Request& r, peers::Reply& reply) {
+  uint64_t deadline = now_ns() + kIndexPollNs;
+  std::unique_lock lock(held_.mu);
+  auto here = [&] { return held_.unavailable || (held_.total > 0 && held_.have > r.off); };
+  while (!here() && !closing_ && now_ns() < deadline)
+    held_.cv.wait_for(lock, std::chrono::nanoseconds(deadline - now_ns()));
+  if (held_.unavailable) return reply.send({kUnavailable});  // it has none to send
+  IndexPiece p{.total = held_.total, .have = held_.have, .off = r.off};
+  std::memcpy(p.digest, held_.digest, sizeof p.digest);
+  std::vector<char> out(sizeof p);
+  if (!here() || closing_) {
+    std::memcpy(out.data(), &p, sizeof p);
+    out.push_back(kPending);
+    return reply.send(std::move(out));
+  }
+  uint64_t len = std::min({r.len, held_.have - r.off, opt_.piece_bytes});
+  uint64_t version = held_.version;
+  int fd = held_.fd;
+  lock.unlock();
+  out.resize(sizeof p + len + 1);
+  std::memcpy(out.data(), &p, sizeof p);
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = pread(fd, out.data() + sizeof p + done, len - done, off_t(r.off + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  lock.lock();
+  // Given up for another index meanwhile (the file was rewritten): ask again.
+  if (done < len || version != held_.version) {
+    out.resize(sizeof p);
+    out.push_back(kPending);
+    return reply.send(std::move(out));
+  }
+  lock.unlock();
+  out.back() = kBytes;
+  counters_[s_index_bytes_out].fetch_add(len, std::memory_order_relaxed);
+  reply.send(std::move(out));
+}
+
 void JobWide::serve(const Request& r, peers::Reply& reply) {
   spdlog::debug("peer request {} for file {} at {} ({} bytes)", r.type, r.file, r.off, r.len);
-  uint64_t deadline = now_ns() + (r.type == kIndex ? 0 : kLongPollNs);
+  if (r.type == kIndex) return serve_index(r, reply);
+  uint64_t deadline = now_ns() + kLongPollNs;
   std::unique_lock lock(mu_);
   // Requests for a file that come before this node's map wait for it.
   while (!map_ && !stopping_ && now_ns() < deadline)
     cv_.wait_for(lock, std::chrono::milliseconds(20));
   if (!map_ || stopping_) return reply.send({kPending});
-  if (r.type == kIndex) {
-    if (wire_.empty()) return reply.send({kUnavailable});  // not the walking node
-    std::shared_ptr<std::atomic<unsigned>> sending = index_answers_;
-    if (sending->fetch_add(1) >= kMaxIndexAnswers) {
-      sending->fetch_sub(1);
-      return reply.send({kPending});
-    }
-    std::shared_ptr<void> hold(nullptr, [sending](void*) { sending->fetch_sub(1); });
-    std::vector<char> out(wire_.begin(), wire_.end());
-    out.push_back(kBytes);
-    return reply.send(std::move(out), std::move(hold));
-  }
   JobMap& m = *map_;
   Copier& copier = *copier_;
   std::vector<int> tier_fds = tier_fds_;
@@ -276,7 +379,7 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
   if (e.size != r.size || e.ino != r.ino || e.mtime_ns != r.mtime_ns)
     return reply.send({kUnavailable});  // another version: never its bytes
   // At most a piece, whatever was asked: the caller asks again for the rest.
-  uint64_t len = std::min(r.len, kMaxPiece);
+  uint64_t len = std::min(r.len, opt_.piece_bytes);
   uint64_t end = r.off < e.size ? r.off + std::min(len, e.size - r.off) : r.off;
   uint64_t want = end - r.off;
   bool placed = false;
@@ -329,43 +432,130 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
   }
 }
 
-std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& why, bool& final,
-                                                const std::atomic<bool>* stop) {
-  Request r{.type = kIndex};
-  std::string_view request(reinterpret_cast<char*>(&r), sizeof r);
+int JobWide::index_source() const {
+  for (int k = index_parent(opt_.self); k >= 0; k = index_parent(k))
+    if (!peers_[k].failed.load()) return k;
+  for (int k = 0; k < opt_.self; ++k)
+    if (!peers_[k].failed.load()) return k;
+  return -1;
+}
+
+// Takes the index `from` describes as the one to hold: this node's own so
+// far, or another (two walkers), which is then received from its start.
+// False when the index cannot be kept here.
+bool JobWide::hold_index(const IndexPiece& from) {
+  std::lock_guard lock(held_.mu);
+  if (held_.total == from.total && std::memcmp(held_.digest, from.digest, sizeof from.digest) == 0)
+    return true;
+  if (held_.fd < 0 && opt_.wire_dir >= 0)
+    held_.fd = openat(opt_.wire_dir, kIndexWireName,
+                      O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  auto* sha = static_cast<EVP_MD_CTX*>(held_.sha);
+  if (!sha) held_.sha = sha = EVP_MD_CTX_new();
+  if (held_.fd < 0 || !sha || ftruncate(held_.fd, 0) != 0 ||
+      EVP_DigestInit_ex(sha, EVP_sha256(), nullptr) != 1) {
+    held_.unavailable = true;
+    held_.cv.notify_all();
+    return false;
+  }
+  held_.total = from.total;
+  held_.have = 0;
+  std::memcpy(held_.digest, from.digest, sizeof from.digest);
+  held_.version++;
+  held_.cv.notify_all();
+  return true;
+}
+
+std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why, bool& final,
+                                              const std::atomic<bool>* stop) {
   std::vector<char> reply;
   uint64_t deadline = now_ns() + wait_ms * 1'000'000;
   uint64_t patience = std::max(uint64_t(opt_.timeout_ms) * 1'000'000, kIndexPatienceNs);
+  uint64_t retry_ms = 20;
   final = true;
   for (;;) {
-    int from = 0;  // the first node before this one not out
-    while (from < opt_.self && peers_[from].failed.load()) ++from;
-    if (from == opt_.self) {
+    int from = index_source();
+    if (from < 0) {
       walker_ = true;
       why = "every node before this one in the job's node list is out";
       return std::nullopt;
     }
     const std::string& node = opt_.nodes[from];
     Peer& peer = peers_[from];
+    uint64_t have;
+    {
+      std::lock_guard lock(held_.mu);
+      if (held_.unavailable) {
+        why = std::string("cannot keep the index here (") + kIndexWireName + " on the first tier)";
+        return std::nullopt;
+      }
+      have = held_.have;
+    }
+    Request r{.type = kIndex, .off = have, .len = opt_.piece_bytes};
+    std::string_view request(reinterpret_cast<char*>(&r), sizeof r);
     uint64_t left_ms = deadline > now_ns() ? (deadline - now_ns()) / 1'000'000 : 0;
     peers::Status st =
-        net_->call(node, 0, request, reply, int(std::clamp<uint64_t>(left_ms, 1, kIndexCallMs)));
+        net_->call(node, 0, request, reply, int(std::clamp<uint64_t>(left_ms, 1, kIndexCallMs)),
+                   sizeof(IndexPiece) + opt_.piece_bytes + 1);
     char answer = st.ok() && !reply.empty() ? reply.back() : 0;
-    if (st.ok()) {  // it holds the job's key
+    if (st.ok() || st.code == peers::Code::error) {  // it holds the job's key, maybe busy
       peer.answered = true;
       peer.silent_since = 0;
     }
-    if (answer == kBytes) {
-      reply.pop_back();
-      counters_[s_index_received] = 1;
-      return std::string(reply.begin(), reply.end());
-    }
-    if (answer == kPending) {
-      // Alive, without the index yet (walking, or waiting for it itself).
-    } else if (st.ok()) {  // its own signed word: it has no index to send
-      fail(from, st.ok() ? peers::Status{peers::Code::error, "it sent no index"} : st);
+    IndexPiece p;
+    bool piece = (answer == kBytes || answer == kPending) && reply.size() > sizeof p;
+    if (piece) std::memcpy(&p, reply.data(), sizeof p);
+    uint64_t n = piece ? reply.size() - sizeof p - 1 : 0;
+    // What a node that holds the key says of its index is believed, but a
+    // piece that is not one (another build's, a bug) leaves it out.
+    bool sane = piece && p.off == r.off && p.have <= p.total && p.total <= kMaxIndexBytes &&
+                (answer == kPending || (n > 0 && n <= r.len && p.off + n <= p.have));
+    if (answer == kBytes && sane) {
+      if (!hold_index(p)) continue;  // says why at the top
+      std::unique_lock lock(held_.mu);
+      if (held_.have != p.off) continue;  // another index: from its start
+      const char* bytes = reply.data() + sizeof p;
+      bool ok = true;
+      for (size_t done = 0; ok && done < n;) {
+        ssize_t w = pwrite(held_.fd, bytes + done, n - done, off_t(p.off + done));
+        if (w < 0 && errno == EINTR) continue;
+        ok = w > 0;
+        done += ok ? size_t(w) : 0;
+      }
+      auto* sha = static_cast<EVP_MD_CTX*>(held_.sha);
+      if (!ok || EVP_DigestUpdate(sha, bytes, n) != 1) {
+        held_.unavailable = true;
+        held_.cv.notify_all();
+        continue;
+      }
+      held_.have += n;
+      held_.cv.notify_all();
+      counters_[s_index_bytes_in].fetch_add(n, std::memory_order_relaxed);
+      counters_[s_index_source] = uint64_t(from) + 1;
+      retry_ms = 20;
+      if (held_.have < held_.total) continue;
+      unsigned char digest[32];
+      unsigned len = 0;
+      if (EVP_DigestFinal_ex(sha, digest, &len) == 1 && len == sizeof digest &&
+          std::memcmp(digest, held_.digest, sizeof digest) == 0) {
+        counters_[s_index_received] = 1;
+        counters_[s_index_ms] = (now_ns() - start_ns_) / 1'000'000;
+        return IndexFile{held_.fd, held_.total};
+      }
+      // Not the index its pieces said: received again, from another node.
+      held_.total = held_.have = 0;
+      held_.version++;
+      lock.unlock();
+      fail(from, {peers::Code::error, "the index it sent does not match its SHA-256"});
       continue;
-    } else {  // not listening, or silent: out once that lasts
+    }
+    if (answer == kPending && sane) {
+      // Alive, without that piece yet (walking, or receiving it itself).
+    } else if (st.ok()) {  // its own signed word: it has no index to send
+      fail(from, {peers::Code::error, answer == kUnavailable ? "it has no index to send"
+                                                             : "it sent no piece of the index"});
+      continue;
+    } else if (st.code != peers::Code::error) {  // not listening, or silent: out once that lasts
       uint64_t now = now_ns(), since = peer.silent_since.load();
       if (!since)
         peer.silent_since.compare_exchange_strong(since, now), since = since ? since : now;
@@ -384,7 +574,10 @@ std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& w
       final = false;
       return std::nullopt;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(st.ok() ? kIndexRetryMs : 20));
+    if (answer != kPending) {  // the server waited already when pending
+      std::this_thread::sleep_for(std::chrono::milliseconds(retry_ms));
+      retry_ms = std::min(retry_ms * 2, kIndexRetryMs);
+    }
   }
 }
 

@@ -2,9 +2,19 @@
 //
 // - One index per job, walked once: node k of the job's node list (Slurm's
 //   order) walks the dataset when every node before it is out in its view
-//   (node 0 always walks); every other node asks the first node before it
-//   that it does not count out for the index (index_wire.h), and a node that
-//   received the index serves it to others as the walker does. A node is out
+//   (node 0 always walks). Every other node fetches the index's wire form
+//   (index_wire.h) by offset, in pieces of at most piece_bytes, into a file
+//   of its job directory, and serves what it holds of it to others as it
+//   arrives: the index is relayed down a tree of fan-out kIndexFanout over
+//   the node list (node k asks its parent (k-1)/kIndexFanout; past a parent
+//   that is out, its ancestors, then the other nodes before it, in order).
+//   The time until every node holds it grows with the tree's depth, each
+//   node sends it at most kIndexFanout times (plus to nodes whose own
+//   sources are out), and no answer is larger than a piece, whatever the
+//   dataset. Each piece carries the index's total size and SHA-256, which
+//   the walker computes as it writes the wire form: a receiver checks the
+//   whole against it, and starts again from a source whose index is
+//   another (two walkers). A node is out
 //   for the rest of the job (failed, as below) at once only when it says,
 //   signed with the key, that it has no index to send; else when it answers
 //   nothing signed for max(peer timeout, kIndexPatienceNs) from the first
@@ -62,6 +72,10 @@
 
 namespace monarch {
 
+// The most a node answers to one request, whatever it was asked: a piece
+// of a file or of the index.
+inline constexpr uint64_t kMaxPiece = 4 << 20;
+
 struct JobWideOptions {
   std::vector<std::string> nodes;  // the job's nodes, in Slurm's order
   int self = 0;                    // this node's place in `nodes`
@@ -78,27 +92,43 @@ struct JobWideOptions {
   // How long the job's node names may take to resolve, all at once, at the
   // start: a name not resolved by then is neither called nor accepted.
   unsigned resolve_ms = 5000;
+  // The directory (the job's, on the first tier; not owned) where the index's
+  // wire form is kept, as kIndexWireName, to be served to the other nodes.
+  int wire_dir = -1;
+  uint64_t piece_bytes = kMaxPiece;  // the most one answer carries (of a file or of the index)
+};
+
+// The index held by a node, whole: its wire form in a file (owned by the
+// JobWide that fetched it), and its size.
+struct IndexFile {
+  int fd = -1;
+  uint64_t size = 0;
 };
 
 // A request between the stagers of a job: the file named by its id in the
 // job's one index, and its version, so that a node never serves another
 // version's bytes. Exactly this size on the wire.
 struct JobWideRequest {
-  static constexpr uint32_t kMagic = 0x574a4e4d;  // "MNJW"
+  static constexpr uint32_t kMagic = 0x324a4e4d;  // "MNJ2"
   enum Type : uint32_t { kIndex = 1, kFetch = 2 };
   static constexpr uint32_t kReplica = 1;  // flags: see PeerSource::read
   uint32_t magic = kMagic;
   uint32_t type = 0;
   uint32_t file = 0;
   uint32_t flags = 0;
-  uint64_t off = 0, len = 0, size = 0, ino = 0;
+  uint64_t off = 0, len = 0, size = 0, ino = 0;  // kIndex: off and len of the wire form
   int64_t mtime_ns = 0;
+};
+// What precedes a piece of the index (and an answer "pending" to a request
+// for one): the index this node holds, as far as it holds it.
+struct IndexPiece {
+  uint64_t total = 0;             // its wire form's size; 0: this node holds none yet
+  uint64_t have = 0;              // the bytes of it this node holds, from the start
+  uint64_t off = 0;               // where the bytes that follow begin
+  unsigned char digest[32] = {};  // SHA-256 of the whole wire form
 };
 // Pure: any bytes in; false and why when they are not a request.
 bool decode_jobwide_request(std::string_view bytes, JobWideRequest& out, std::string& why);
-
-// The most a node answers to one fetch, whatever it was asked.
-inline constexpr uint64_t kMaxPiece = 4 << 20;
 
 class JobWide : public PeerSource {
  public:
@@ -113,13 +143,13 @@ class JobWide : public PeerSource {
   // This node walks the dataset for the job: it is node 0, or fetch_index()
   // found every node before it out.
   bool walks() const { return walker_.load(); }
-  // The index from the first node before this one that is not out, in wire
-  // form, waiting at most wait_ms (later calls go on where this one ended);
-  // nullopt and why when it did not come. final: asking again is pointless
-  // (walks() became true, or `stop` was set); otherwise the time was too
-  // short.
-  virtual std::optional<std::string> fetch_index(uint64_t wait_ms, std::string& why, bool& final,
-                                                 const std::atomic<bool>* stop = nullptr);
+  // The index, fetched from this node's sources (the tree, as above) until
+  // it is held whole, waiting at most wait_ms (later calls go on where this
+  // one ended); nullopt and why when it did not come. final: asking again is
+  // pointless (walks() became true, the index cannot be kept here, or `stop`
+  // was set); otherwise the time was too short.
+  virtual std::optional<IndexFile> fetch_index(uint64_t wait_ms, std::string& why, bool& final,
+                                               const std::atomic<bool>* stop = nullptr);
   // The map is published here: serving starts (the index, walked here or
   // received; files). Before that, requests wait.
   virtual void serving(JobMap& map, Copier& copier, std::vector<int> tier_fds);
@@ -147,6 +177,9 @@ class JobWide : public PeerSource {
   // costs a second walk and the copies the two indexes disagree on, while
   // waiting costs only this node's reads going to the PFS a little longer.
   static constexpr uint64_t kIndexPatienceNs = 4'000'000'000;
+  static constexpr int kIndexFanout = 2;
+  // The node this one asks for the index first: its parent in the tree.
+  static int index_parent(int node) { return node > 0 ? (node - 1) / kIndexFanout : -1; }
 
  private:
   using Request = JobWideRequest;
@@ -154,6 +187,10 @@ class JobWide : public PeerSource {
   void handle(std::vector<char> request, peers::Reply reply);
   void worker();
   void serve(const Request& r, peers::Reply& reply);
+  void serve_index(const Request& r, peers::Reply& reply);
+  int index_source() const;
+  void write_index(const JobMap& map);
+  bool hold_index(const IndexPiece& from);
   void fail(int node, const peers::Status& why);
   struct PassOn {
     uint32_t file;
@@ -194,10 +231,20 @@ class JobWide : public PeerSource {
   std::vector<uint16_t> first_home_;  // balance_homes() of the index, by serving()
   Copier* copier_ = nullptr;
   std::vector<int> tier_fds_;
-  std::string wire_;  // the index, walked or received, served to the nodes after this one
-  // Answers of the index not sent yet: at most kMaxIndexAnswers.
-  std::shared_ptr<std::atomic<unsigned>> index_answers_ =
-      std::make_shared<std::atomic<unsigned>>(0);
+  // The index this node holds, whole or the part received so far, in its
+  // wire form: served to the nodes that ask as far as `have` reaches. When
+  // it is given up for another (a source whose index is another), `version`
+  // changes: a piece read meanwhile is not sent.
+  struct Held {
+    std::mutex mu;
+    std::condition_variable cv;
+    int fd = -1;  // kIndexWireName in wire_dir
+    uint64_t total = 0, have = 0, version = 0;
+    unsigned char digest[32] = {};
+    bool unavailable = false;  // it cannot be kept here: askers are told so
+    void* sha = nullptr;       // the receiver's running SHA-256 (EVP_MD_CTX)
+  } held_;
+  uint64_t start_ns_ = 0;
   std::vector<std::thread> workers_;
 };
 

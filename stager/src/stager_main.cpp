@@ -10,6 +10,7 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -348,7 +349,8 @@ struct Stager {
                        .key = secret,
                        .timeout_ms = config.peer_timeout_ms,
                        .index_wait_ms = std::max(1u, config.start_timeout_s) * 1000,
-                       .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000};
+                       .stall_ns = uint64_t(config.stall_timeout_ms) * 1'000'000,
+                       .wire_dir = tier_fds[0]};
       jobwide = load_jobwide(std::move(o), counters, why);
     }
     if (!jobwide) {
@@ -367,14 +369,14 @@ struct Stager {
     if (jobwide && !jobwide->walks()) {
       std::string why = early_why;
       bool final = early_final;
-      std::optional<std::string> wire = std::move(early_index);
+      std::optional<IndexFile> wire = early_index;
       if (!wire && !final) {
         uint64_t left = std::max(1u, config.start_timeout_s) * 1000ull - kEarlyIndexMs;
         wire = jobwide->fetch_index(left, why, final, &stop);
       }
       if (wire) {
         try {
-          return build_index_from(io, *wire, index_stats, publish);
+          return build_index_from(io, wire->fd, wire->size, index_stats, publish);
         } catch (const std::runtime_error& e) {
           why = e.what();
         }
@@ -400,7 +402,7 @@ struct Stager {
   // reads the tasks would make before this node's map exists. Bounded: past
   // kEarlyIndexMs the job starts, and the index is awaited meanwhile.
   static constexpr uint64_t kEarlyIndexMs = 1000;
-  std::optional<std::string> early_index;
+  std::optional<IndexFile> early_index;
   std::string early_why;
   bool early_final = false;
   void fetch_early_index() {
@@ -439,7 +441,10 @@ struct Stager {
     // The stager's own files on the first tier count against its quota (in a
     // job's image of the quota's size they take its room), and copies leave
     // room for a restarted stager's map.
-    uint64_t map_bytes = map.map().header().file_size;
+    // In a multi-node job the index's wire form, served to the other nodes, is
+    // one of them (jobwide.h).
+    uint64_t map_bytes =
+        map.map().header().file_size + (jobwide ? map.map().header().slots_off : 0);
     placement->adopt(0, map_bytes + kReserveBytes);
     keep_free_first = map_bytes + (256 << 10);  // and the file system's own blocks for it
     spdlog::info(
@@ -560,6 +565,8 @@ struct Stager {
   }
 
   void write_stats(bool complete) {
+    rusage ru{};
+    if (getrusage(RUSAGE_SELF, &ru) == 0) counters[s_peak_memory] = uint64_t(ru.ru_maxrss) << 10;
     std::string text = stats->json(complete, copier->idle() ? copier->fill_seconds() : 0);
     int err = try_write_stats(text);
     if (err && (err == ENOSPC || err == EDQUOT) && unlinkat(tier_fds[0], kReserveName, 0) == 0)

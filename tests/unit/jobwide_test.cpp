@@ -89,7 +89,14 @@ struct Job {
   // index). true: as the stager does, the node that walks() walks and every
   // other node fetches the index (which throws when it does not come).
   bool elect = false;
+  uint64_t piece_bytes = kMaxPiece;  // the index's pieces
 };
+
+// The whole file `fd` holds, `size` bytes.
+std::string contents(int fd, uint64_t size) {
+  std::string out(size, '\0');
+  return pread(fd, out.data(), size, 0) == ssize_t(size) ? out : std::string();
+}
 
 // One node's stager: its job map, tier, copier and job-wide cache, serving.
 struct Node {
@@ -116,7 +123,9 @@ struct Node {
                          .address = job.nodes[self],
                          .key = "job-77-secret",
                          .timeout_ms = job.timeout_ms,
-                         .index_wait_ms = kIndexWaitMs},
+                         .index_wait_ms = kIndexWaitMs,
+                         .wire_dir = tier_fd,
+                         .piece_bytes = job.piece_bytes},
                         counters, error);
     if (!jw) throw std::runtime_error("node " + std::to_string(self) + ": " + error);
     IndexOptions io{.root = root.string(),
@@ -125,14 +134,14 @@ struct Node {
                     .stall_ns = 200'000'000,
                     .generation = uint64_t(self) + 1};
     IndexStats st;
-    std::optional<std::string> wire;
+    std::optional<IndexFile> wire;
     if (job.elect && !jw->walks()) {
       bool final = false;
       wire = jw->fetch_index(kIndexWaitMs, index_why, final);
       if (!wire && !jw->walks())
         throw std::runtime_error("node " + std::to_string(self) + " got no index: " + index_why);
     }
-    map = wire ? build_index_from(io, *wire, st, [](JobMap&) {})
+    map = wire ? build_index_from(io, wire->fd, wire->size, st, [](JobMap&) {})
                : build_index(io, st, [](JobMap&) {});
     placement = std::make_unique<Placement>(
         std::vector<Placement::Tier>{{64 << 20, 4096}}, [](int) { return uint64_t(1) << 30; }, 0);
@@ -317,6 +326,7 @@ class ElectionTest : public ::testing::Test {
   void TearDown() override {
     for (auto& n : nodes) n.reset();
     if (squatter >= 0) close(squatter);
+    for (int fd : caller_dirs) close(fd);
     fs::remove_all(dir);
   }
 
@@ -361,6 +371,25 @@ class ElectionTest : public ::testing::Test {
     }
   }
 
+  // A node of the job that only calls (UCX reaches no node at 127.0.0.2 and
+  // up: see kThreeNodes), with a directory of its own for the index.
+  std::unique_ptr<JobWide> caller(int self, std::atomic<uint64_t>* counters, std::string& error) {
+    fs::path own = dir / ("caller" + std::to_string(self));
+    fs::create_directories(own);
+    caller_dirs.push_back(open(own.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    return JobWide::start({.nodes = job.nodes,
+                           .self = self,
+                           .port_low = job.port,
+                           .port_high = job.port,
+                           .address = job.nodes[size_t(self)],
+                           .key = "job-77-secret",
+                           .timeout_ms = job.timeout_ms,
+                           .index_wait_ms = kIndexWaitMs,
+                           .wire_dir = caller_dirs.back(),
+                           .piece_bytes = job.piece_bytes},
+                          counters, error);
+  }
+
   // Node `a` and node `b` are one cache: the same file under every id, the
   // same homes (node 0 none), and each reads the files homed on the other
   // from it, with the right bytes.
@@ -392,11 +421,12 @@ class ElectionTest : public ::testing::Test {
 
   fs::path dir, root;
   Job job{.elect = true};
-  std::unique_ptr<Node> nodes[3];
-  std::string errors[3];
-  long took_ms[3] = {};
+  std::unique_ptr<Node> nodes[4];
+  std::string errors[4];
+  long took_ms[4] = {};
   std::unique_ptr<peers::Peers> another_job;
   int squatter = -1;
+  std::vector<int> caller_dirs;
 };
 
 class SquatTest : public ElectionTest, public ::testing::WithParamInterface<Stranger> {};
@@ -465,14 +495,7 @@ TEST_F(ElectionTest, ANodeThatReceivedTheIndexServesIt) {
   std::atomic<uint64_t> counters[kNumStagerCounters] = {};
   std::string error, why;
   bool final = false;
-  std::unique_ptr<JobWide> third(JobWide::start({.nodes = job.nodes,
-                                                 .self = 2,
-                                                 .port_low = job.port,
-                                                 .port_high = job.port,
-                                                 .address = job.nodes[2],
-                                                 .key = "job-77-secret",
-                                                 .timeout_ms = job.timeout_ms},
-                                                counters, error));
+  std::unique_ptr<JobWide> third = caller(2, counters, error);
   ASSERT_TRUE(third) << error;
   auto start = Clock::now();
   while (counters[s_peers_failed].load() == 0 && ms_since(start) < 60000) {
@@ -485,13 +508,74 @@ TEST_F(ElectionTest, ANodeThatReceivedTheIndexServesIt) {
   nodes[1] = std::make_unique<Node>(root, dir / "tier1", 1, job);
   EXPECT_EQ(nodes[1]->counters[s_index_received].load(), 1u);
   EXPECT_EQ(nodes[1]->counters[s_peers_failed].load(), 0u);
-  std::optional<std::string> wire = third->fetch_index(kIndexWaitMs, why, final);
+  std::optional<IndexFile> wire = third->fetch_index(kIndexWaitMs, why, final);
   ASSERT_TRUE(wire) << why;
   EXPECT_FALSE(third->walks());
   EXPECT_EQ(counters[s_index_received].load(), 1u);
   EXPECT_EQ(counters[s_peers_failed].load(), 1u) << "node 1 given up on too";
-  EXPECT_TRUE(*wire == index_wire(nodes[0]->map.map())) << "not the index node 0 walked";
+  EXPECT_TRUE(contents(wire->fd, wire->size) == index_wire(nodes[0]->map.map()))
+      << "not the index node 0 walked";
   third->stop();
+}
+
+// Nothing the job sends has a size limit a dataset can exceed: with answers
+// of at most 4 KiB, an index of hundreds of KiB arrives whole, each node
+// takes it from its parent in the tree (node 2 from node 0, node 3 from node
+// 1, which relays what it received), and a file of 64 KiB comes in pieces.
+TEST_F(ElectionTest, TheIndexAndFilesArriveWholeInPiecesDownTheTree) {
+  for (int d = 0; d < 40; ++d) {
+    fs::create_directories(root / ("d" + std::to_string(d)));
+    for (int i = 0; i < 50; ++i)
+      std::ofstream(root / ("d" + std::to_string(d)) /
+                    ("file-with-a-long-name-" + std::to_string(i)))
+          << i;
+  }
+  job.nodes = {"127.0.0.1", other.address, "127.0.0.2", "127.0.0.3"};
+  job.piece_bytes = 4096;
+  nodes[0] = std::make_unique<Node>(root, dir / "tier0", 0, job);
+  nodes[1] = std::make_unique<Node>(root, dir / "tier1", 1, job);
+  std::string walked = index_wire(nodes[0]->map.map());
+  ASSERT_GT(walked.size(), 50 * job.piece_bytes);
+  EXPECT_EQ(nodes[1]->counters[s_index_source].load(), 1u) << "node 1 took it from node 0";
+  EXPECT_EQ(nodes[1]->counters[s_index_bytes_in].load(), walked.size());
+  std::atomic<uint64_t> counters[2][kNumStagerCounters] = {};
+  for (int self : {2, 3}) {
+    std::string error, why;
+    bool final = false;
+    std::unique_ptr<JobWide> node = caller(self, counters[self - 2], error);
+    ASSERT_TRUE(node) << error;
+    std::optional<IndexFile> wire = node->fetch_index(kIndexWaitMs, why, final);
+    ASSERT_TRUE(wire) << "node " << self << ": " << why;
+    EXPECT_TRUE(contents(wire->fd, wire->size) == walked) << "node " << self;
+    EXPECT_EQ(counters[self - 2][s_index_source].load(), uint64_t(JobWide::index_parent(self)) + 1)
+        << "node " << self << " took the index from another node than its parent";
+    EXPECT_EQ(counters[self - 2][s_index_bytes_in].load(), walked.size()) << "node " << self;
+    node->stop();
+  }
+  // (A piece whose answer was lost is sent again.)
+  EXPECT_GE(nodes[1]->counters[s_index_bytes_out].load(), walked.size()) << "node 1 relayed it";
+  EXPECT_GE(nodes[0]->counters[s_index_bytes_out].load(), 2 * walked.size());
+
+  // A file homed on node 1, read by node 0 in answers of at most a piece.
+  JobMap& m = nodes[0]->map.map();
+  int file = -1;
+  for (uint32_t f = 0; f < m.size() && file < 0; ++f)
+    if (nodes[0]->jw->home(f) == 1 && m.entry(f).size == kFileBytes) file = int(f);
+  ASSERT_GE(file, 0) << "no file of 64 KiB homed on node 1";
+  std::string got;
+  std::vector<char> buf(kFileBytes);
+  auto start = Clock::now();
+  while (got.size() < kFileBytes && ms_since(start) < 10000) {
+    size_t n = 0;
+    Got g = nodes[0]->jw->read(1, uint32_t(file), got.size(), buf.data(), kFileBytes - got.size(),
+                               false, n);
+    if (g == Got::kPending) continue;
+    ASSERT_EQ(g, Got::kBytes);
+    ASSERT_LE(n, job.piece_bytes);
+    got.append(buf.data(), n);
+  }
+  std::string name(m.path(uint32_t(file)));
+  EXPECT_EQ(got, std::string(kFileBytes, char('a' + (name.back() - '0')))) << name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Stranger, SquatTest,
