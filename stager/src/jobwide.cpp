@@ -203,6 +203,7 @@ void JobWide::stop() {
   }
   for (auto& t : workers_) t.join();
   workers_.clear();
+  if (index_writer_.joinable()) index_writer_.join();
   {
     std::lock_guard held(held_.mu);
     held_.cv.notify_all();
@@ -232,10 +233,8 @@ void JobWide::serving(JobMap& map, Copier& copier, std::vector<int> tier_fds) {
     std::lock_guard lock(held_.mu);
     walked = held_.total == 0 || held_.have < held_.total;
   }
-  if (walked) {
-    write_index(map);
-    counters_[s_index_ms] = (now_ns() - start_ns_) / 1'000'000;
-  }
+  // Written by a thread of its own: the copies start meanwhile.
+  if (walked) index_writer_ = std::thread([this, &map] { write_index(map); });
 }
 
 // The walker's index, written whole to its file as it is hashed, then
@@ -257,6 +256,7 @@ void JobWide::write_index(const JobMap& map) {
   ok = ok && sha && EVP_DigestInit_ex(sha, EVP_sha256(), nullptr) == 1;
   uint64_t total = 0;
   index_wire_chunks(map, [&](const char* p, size_t n) {
+    if (closing_) ok = false, err = ECANCELED;
     for (size_t done = 0; ok && done < n;) {
       ssize_t w = pwrite(fd, p + done, n - done, off_t(total + done));
       if (w < 0 && errno == EINTR) continue;
@@ -277,12 +277,14 @@ void JobWide::write_index(const JobMap& map) {
   held_.fd = ok ? fd : -1;
   if (!ok) {
     if (fd >= 0) close(fd);
-    spdlog::warn("cannot keep the index for the other nodes in {}: {}: they walk the dataset",
-                 kIndexWireName, std::strerror(err));
+    if (!closing_)
+      spdlog::warn("cannot keep the index for the other nodes in {}: {}: they walk the dataset",
+                   kIndexWireName, std::strerror(err));
     held_.unavailable = true;
   } else {
     held_.total = held_.have = total;
     std::memcpy(held_.digest, digest, sizeof digest);
+    counters_[s_index_ms] = (now_ns() - start_ns_) / 1'000'000;
   }
   held_.version++;
   held_.cv.notify_all();

@@ -245,6 +245,7 @@ class JobWide : public PeerSource {
     void* sha = nullptr;       // the receiver's running SHA-256 (EVP_MD_CTX)
   } held_;
   uint64_t start_ns_ = 0;
+  std::thread index_writer_;  // the walker's: writes the index's file (serving())
   std::vector<std::thread> workers_;
 };
 
