@@ -535,7 +535,13 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
       counters_[s_index_bytes_in].fetch_add(n, std::memory_order_relaxed);
       counters_[s_index_source] = uint64_t(from) + 1;
       retry_ms = 20;
-      if (held_.have < held_.total) continue;
+      if (held_.have < held_.total) {
+        if (now_ns() < deadline) continue;
+        why = "the index was still arriving after " + std::to_string(wait_ms) + " ms (" +
+              std::to_string(held_.have) + " of " + std::to_string(held_.total) + " bytes)";
+        final = false;
+        return std::nullopt;
+      }
       unsigned char digest[32];
       unsigned len = 0;
       if (EVP_DigestFinal_ex(sha, digest, &len) == 1 && len == sizeof digest &&

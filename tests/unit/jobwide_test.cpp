@@ -578,6 +578,42 @@ TEST_F(ElectionTest, TheIndexAndFilesArriveWholeInPiecesDownTheTree) {
   EXPECT_EQ(got, std::string(kFileBytes, char('a' + (name.back() - '0')))) << name;
 }
 
+// A relay that dies while a node receives the index from it: the node gives
+// it up and takes the rest from the relay's parent, from where it was.
+TEST_F(ElectionTest, ARelayThatDiesMidwayIsLeftAndTheRestComesFromItsParent) {
+  for (int d = 0; d < 100; ++d) {
+    fs::create_directories(root / ("d" + std::to_string(d)));
+    for (int i = 0; i < 100; ++i)
+      std::ofstream(root / ("d" + std::to_string(d)) / ("file-" + std::to_string(i))) << i;
+  }
+  job.nodes = {"127.0.0.1", other.address, "127.0.0.2", "127.0.0.3"};
+  job.piece_bytes = 4096;
+  job.timeout_ms = 1000;  // out after kIndexPatienceNs
+  nodes[0] = std::make_unique<Node>(root, dir / "tier0", 0, job);
+  nodes[1] = std::make_unique<Node>(root, dir / "tier1", 1, job);
+  std::string walked = index_wire(nodes[0]->map.map());
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  std::string error, why;
+  bool final = false;
+  std::unique_ptr<JobWide> node = caller(3, counters, error);
+  ASSERT_TRUE(node) << error;
+  // A few pieces from node 1 (its parent), far from all of them.
+  while (counters[s_index_bytes_in].load() == 0)
+    ASSERT_FALSE(node->fetch_index(20, why, final)) << "the whole index in 20 ms";
+  uint64_t midway = counters[s_index_bytes_in].load();
+  ASSERT_LT(midway, walked.size() / 2);
+  EXPECT_EQ(counters[s_index_source].load(), 2u) << "not from node 1";
+  nodes[1].reset();
+  std::optional<IndexFile> wire = node->fetch_index(kIndexWaitMs, why, final);
+  ASSERT_TRUE(wire) << why;
+  EXPECT_TRUE(contents(wire->fd, wire->size) == walked);
+  EXPECT_EQ(counters[s_index_source].load(), 1u) << "the rest not from node 0";
+  EXPECT_EQ(counters[s_peers_failed].load(), 1u);
+  EXPECT_EQ(counters[s_index_bytes_in].load(), walked.size()) << "received again from the start";
+  EXPECT_FALSE(node->walks());
+  node->stop();
+}
+
 INSTANTIATE_TEST_SUITE_P(Stranger, SquatTest,
                          ::testing::Values(Stranger::kAnotherJob, Stranger::kSilent,
                                            Stranger::kBound),
