@@ -511,7 +511,7 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
     // What a node that holds the key says of its index is believed, but a
     // piece that is not one (another build's, a bug) leaves it out.
     bool sane = piece && p.off == r.off && p.have <= p.total && p.total <= kMaxIndexBytes &&
-                (answer == kPending || (n > 0 && n <= r.len && p.off + n <= p.have));
+                n > 0 && n <= r.len && p.off + n <= p.have;
     if (answer == kBytes && sane) {
       if (!hold_index(p)) continue;  // says why at the top
       std::unique_lock lock(held_.mu);
@@ -557,8 +557,9 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
       fail(from, {peers::Code::error, "the index it sent does not match its SHA-256"});
       continue;
     }
-    if (answer == kPending && sane) {
-      // Alive, without that piece yet (walking, or receiving it itself).
+    if (answer == kPending) {
+      // Alive, without that piece yet (walking, or receiving it itself), or
+      // too busy to look (a bare "pending").
     } else if (st.ok()) {  // its own signed word: it has no index to send
       fail(from, {peers::Code::error, answer == kUnavailable ? "it has no index to send"
                                                              : "it sent no piece of the index"});
@@ -582,7 +583,7 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
       final = false;
       return std::nullopt;
     }
-    if (answer != kPending) {  // the server waited already when pending
+    if (answer != kPending || !piece) {  // the server waited already when it says how far it is
       std::this_thread::sleep_for(std::chrono::milliseconds(retry_ms));
       retry_ms = std::min(retry_ms * 2, kIndexRetryMs);
     }
