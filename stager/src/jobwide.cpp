@@ -1,8 +1,6 @@
 #include "jobwide.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -14,6 +12,8 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+
+#include "resolve.h"
 
 namespace monarch {
 namespace {
@@ -50,50 +50,6 @@ constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 44;
 
 uint64_t now_ns() {
   return monotonic_ns();
-}
-
-// The names' IPv4 addresses (numeric), looked up all at once and waited for
-// at most timeout_ms: a name service that hangs delays the start that long,
-// no more. A name not resolved by then is left out. Each lookup runs in a
-// thread of its own that owns its share of the results: one still running
-// after the deadline writes into memory that lives as long as it needs.
-// Not getaddrinfo_a: its helper thread may still touch a request after
-// gai_error reports it done (__gai_notify), so freeing the request races.
-std::map<std::string, std::string> resolve_nodes(const std::vector<std::string>& names,
-                                                 unsigned timeout_ms) {
-  struct Results {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<std::string> address;  // "" until resolved or failed
-    size_t done = 0;
-  };
-  auto results = std::make_shared<Results>();
-  results->address.resize(names.size());
-  for (size_t i = 0; i < names.size(); ++i) {
-    std::thread([results, i, name = names[i]] {
-      addrinfo hints{}, *res = nullptr;
-      hints.ai_family = AF_INET;
-      hints.ai_socktype = SOCK_STREAM;
-      std::string text;
-      if (getaddrinfo(name.c_str(), nullptr, &hints, &res) == 0 && res) {
-        char buf[INET_ADDRSTRLEN];
-        auto* a = reinterpret_cast<sockaddr_in*>(res->ai_addr);
-        if (inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf)) text = buf;
-      }
-      if (res) freeaddrinfo(res);
-      std::lock_guard lock(results->mu);
-      results->address[i] = text;
-      results->done++;
-      results->cv.notify_all();
-    }).detach();
-  }
-  std::map<std::string, std::string> out;
-  std::unique_lock lock(results->mu);
-  results->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                       [&] { return results->done == names.size(); });
-  for (size_t i = 0; i < names.size(); ++i)
-    if (!results->address[i].empty()) out[names[i]] = results->address[i];
-  return out;
 }
 
 }  // namespace
