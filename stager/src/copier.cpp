@@ -639,6 +639,7 @@ bool Copier::begin(Job& job) {
   }
   CopySlot& slot = map_.header().copies[job.slot];
   slot.progress.store(0);
+  slot.quiet_ms.store(0);
   slot.progress_ns.store(monotonic_ns());
   slot.file.store(job.file + 1);
   boost_[job.slot] = job.urgent;
@@ -731,8 +732,10 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
         // and finish() finds its copy too long): a direct-I/O read takes the
         // pages of all the buffer it is given, 4 MiB a thread for files of a
         // few KiB (on FUSE, 1 MiB a request).
+        uint64_t want = std::min<uint64_t>(block, e.size - job.done + 1);
+        slot.quiet_ms.store(uint32_t(want / kSlowestReadBytesPerMs), std::memory_order_relaxed);
         uint64_t t0 = monotonic_ns();
-        n = pread(job.src, buf, std::min<uint64_t>(block, e.size - job.done + 1), off_t(job.done));
+        n = pread(job.src, buf, want, off_t(job.done));
         if (n > 0) {
           uint64_t ns = monotonic_ns() - t0;
           count(s_pfs_reads);

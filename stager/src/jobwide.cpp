@@ -359,7 +359,7 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
       if (slot && slot->file.load() == r.file + 1) {
         if (slot->progress.load() >= end && end < e.size)
           named = partial_name(m, r.file, name, sizeof name);
-        else if (now_ns() - slot->progress_ns.load() > opt_.stall_ns)
+        else if (slot->stalled(now_ns(), opt_.stall_ns))
           return reply.send({kUnavailable});  // the copy here is stuck: the PFS
       }
     } else if (s.state == kNone) {
