@@ -16,9 +16,11 @@ tiny dataset, first, gives each node's stager's own peak.
 
 Asserts: one walk for the job (node 0); nodes 1 and 2 received the index
 (index_received = 1, alone = 0); the ranks read the right bytes; each
-stager's peak at most 110 bytes a file above its own on the tiny dataset.
-Prints each node's time to its map and peak memory; saves the samples
-(memory.csv) and a summary (summary.json) in the job's working directory."""
+stager's peak at most 110 bytes a file above its own on the tiny dataset
+(its peak: its statistic peak_memory where it has one, else the highest
+VmHWM sampled). Prints each node's time to its index (index_ms) and map, its
+index's source and bytes, and its peak memory; saves the samples (memory.csv)
+and a summary (summary.json) in the job's working directory."""
 import hashlib
 import json
 import os
@@ -76,7 +78,7 @@ def kib(status, key):
 
 class MemoryWatch(threading.Thread):
     """Samples the job's stagers every second: (seconds since start, node,
-    pid, VmRSS, VmHWM). Past ABORT_RSS it keeps the stagers' logs (in
+    pid, VmRSS, VmHWM, RssAnon, RssFile). Past ABORT_RSS it keeps the stagers' logs (in
     `work`) and cancels the job."""
 
     def __init__(self, job, work):
@@ -104,7 +106,8 @@ class MemoryWatch(threading.Thread):
                 rss, hwm = kib(status, "VmRSS"), kib(status, "VmHWM")
                 if not hwm:
                     continue  # exited between the listing and the read
-                self.samples.append((round(t, 1), node, s["pid"], rss, hwm))
+                self.samples.append((round(t, 1), node, s["pid"], rss, hwm,
+                                     kib(status, "RssAnon"), kib(status, "RssFile")))
                 self.peak[node] = max(self.peak.get(node, 0), hwm)
                 if rss > ABORT_RSS and not self.aborted:
                     self.aborted = f"{node}'s stager at {rss >> 20} MiB after {t:.0f} s"
@@ -127,7 +130,7 @@ class MemoryWatch(threading.Thread):
 
     def save(self, path):
         with open(path, "w") as f:
-            f.write("seconds,node,pid,vmrss,vmhwm\n")
+            f.write("seconds,node,pid,vmrss,vmhwm,rssanon,rssfile\n")
             f.writelines(",".join(map(str, s)) + "\n" for s in self.samples)
 
 
@@ -203,7 +206,7 @@ class JobWideMillion(st.SlurmTest):
         out = st.read(os.path.join(work, f"slurm-{job}.out"))
         reports = st.node_reports(work, job)
         facts = {"job": job, "work": work, "seconds": round(took, 1), "aborted": watch.aborted,
-                 "state": st.job_state(job), "peak": watch.peak, "nodes": {}}
+                 "state": st.job_state(job), "peak": {}, "nodes": {}}
         host_of = {}
         for r in range(3):
             p = os.path.join(work, f"host{r}")
@@ -218,8 +221,17 @@ class JobWideMillion(st.SlurmTest):
             if rank is not None and os.path.exists(os.path.join(work, f"mapped{rank}")):
                 waited = round(float(st.read(os.path.join(work, f"mapped{rank}")))
                                - float(st.read(os.path.join(work, f"start{rank}"))), 1)
+            # The stager's own peak (its statistic peak_memory) where it has
+            # one; else the highest VmHWM sampled.
+            peak = stager.get("peak_memory") or watch.peak.get(node, 0)
+            facts["peak"][node] = peak
             facts["nodes"][node] = {
-                "peak_mib": round(watch.peak.get(node, 0) / 2**20, 1),
+                "peak_mib": round(peak / 2**20, 1),
+                "sampled_peak_mib": round(watch.peak.get(node, 0) / 2**20, 1),
+                "index_ms": stager.get("index_ms"),
+                "index_source": stager.get("index_source"),
+                "index_bytes_in": stager.get("index_bytes_in"),
+                "index_bytes_out": stager.get("index_bytes_out"),
                 "map_after_s": None if at is None else round(at, 1),
                 "rank_waited_s": waited,
                 "index_received": stager.get("index_received"),
@@ -243,9 +255,11 @@ class JobWideMillion(st.SlurmTest):
         print(f"== {name}: job {job}, {took:.0f} s, {facts['state']}, ranks read {read} files "
               f"({len(wrong)} wrong or unread){', ABORTED: ' + watch.aborted if watch.aborted else ''}")
         for node, n in facts["nodes"].items():
-            print(f"  {node}: peak {n['peak_mib']} MiB, map {n['map_after_s']} s after the "
-                  f"stager's start (rank waited {n['rank_waited_s']} s), index_received "
-                  f"{n['index_received']}, alone {n['alone']}")
+            print(f"  {node}: peak {n['peak_mib']} MiB (sampled VmHWM {n['sampled_peak_mib']} "
+                  f"MiB), map {n['map_after_s']} s after the stager's start (rank waited "
+                  f"{n['rank_waited_s']} s), index_received {n['index_received']}, alone "
+                  f"{n['alone']}, index_ms {n['index_ms']} from node {n['index_source']} "
+                  f"(bytes in {n['index_bytes_in']}, out {n['index_bytes_out']})")
             for line in n["log"]:
                 print(f"    {line}")
         if os.path.exists(os.path.join(work, f"slurm-{job}.out")) and out.strip():
