@@ -167,6 +167,17 @@ class JobWideMillion(st.SlurmTest):
         if len(st.MULTI) < 3:
             self.skipTest("needs 3 namespaced nodes (MONARCH_TEST_NODES)")
 
+    def tearDown(self):
+        # The epilog's purge of the job's copies (about 32,000 entries a node
+        # here) runs at the lowest I/O priority: measured 100-107 s with the
+        # three nodes' purges at once. Awaited within a bound that leaves it
+        # room, before the common check and its 2 minutes.
+        try:
+            st.wait_for(lambda: not any(exe == st.PURGE for _, exe in st.monarch_processes()),
+                        1200, "the tiers' purges to end", interval=1)
+        finally:
+            super().tearDown()
+
     def config(self):
         """The tests' configuration with start_timeout = 300, plain directories
         for the job's space, room on the first tier for the map (about 200
@@ -258,11 +269,13 @@ class JobWideMillion(st.SlurmTest):
         print(f"== {name}: job {job}, {took:.0f} s, {facts['state']}, ranks read {read} files "
               f"({len(wrong)} wrong or unread){', ABORTED: ' + watch.aborted if watch.aborted else ''}")
         for node, n in facts["nodes"].items():
+            source = n["index_source"]  # the source's place in the job's nodes, plus 1
+            source = st.MULTI[source - 1] if source and n["index_received"] else "its walk"
             print(f"  {node}: peak {n['peak_mib']} MiB (sampled VmHWM {n['sampled_peak_mib']} "
                   f"MiB), map {n['map_after_s']} s after the stager's start (rank waited "
                   f"{n['rank_waited_s']} s), index_received {n['index_received']}, alone "
-                  f"{n['alone']}, index_ms {n['index_ms']} from node {n['index_source']} "
-                  f"(bytes in {n['index_bytes_in']}, out {n['index_bytes_out']})")
+                  f"{n['alone']}, index_ms {n['index_ms']} from {source} (index bytes in "
+                  f"{n['index_bytes_in']}, out {n['index_bytes_out']})")
             for line in n["log"]:
                 print(f"    {line}")
         if os.path.exists(os.path.join(work, f"slurm-{job}.out")) and out.strip():
