@@ -180,10 +180,12 @@ class JobWideMillion(st.SlurmTest):
 
     def config(self):
         """The tests' configuration with start_timeout = 300, plain directories
-        for the job's space, room on the first tier for the map (about 200
-        bytes a file) twice, no stage-ahead (1.3 M copies would keep this
-        machine's 2 cores busy for minutes; copies on read stay on), and
-        no debug log (a line per request)."""
+        for the job's space, room on the first tier for the map (82 bytes a
+        file), the index's file (81) and the room kept for a restarted
+        stager's map, no stage-ahead (1.3 M copies would keep this machine's
+        2 cores busy for minutes, and the epilog's purge, at 300 entries a
+        second, for an hour; copies on read stay on), and no debug log (a
+        line per request)."""
         conf = st.config_variant("million", general={
             "start_timeout": 300, "log_level": "info", "stage_ahead": "no",
             "job_space": "directory"})
