@@ -349,7 +349,7 @@ std::optional<std::string> JobWide::fetch_index(uint64_t wait_ms, std::string& w
     Peer& peer = peers_[from];
     uint64_t left_ms = deadline > now_ns() ? (deadline - now_ns()) / 1'000'000 : 0;
     peers::Status st =
-        net_->call(node, 0, request, reply, int(std::clamp<uint64_t>(left_ms, 1, kIndexCallMs)));
+        net_->call(node, 0, request, reply, int(std::clamp<uint64_t>(left_ms, 1, kIndexCallMs)), kMaxPiece + 64);
     char answer = st.ok() && !reply.empty() ? reply.back() : 0;
     if (st.ok()) {  // it holds the job's key
       peer.answered = true;

@@ -99,6 +99,7 @@ bool decode_jobwide_request(std::string_view bytes, JobWideRequest& out, std::st
 
 // The most a node answers to one fetch, whatever it was asked.
 inline constexpr uint64_t kMaxPiece = 4 << 20;
+static_assert(kMaxPiece + 64 <= peers::kMaxAnswer, "a piece and its header fit an answer");
 
 class JobWide : public PeerSource {
  public:
