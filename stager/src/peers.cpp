@@ -410,7 +410,7 @@ void raise_to(std::atomic<uint64_t>& peak, uint64_t value) {
 class Charge {
  public:
   // False, counting nothing, when `bytes` more would pass `bound`.
-  bool take(Tally& tally, uint64_t bytes, uint64_t bound) {
+  bool take(Tally& tally, uint64_t bytes, uint64_t bound = UINT64_MAX) {
     uint64_t was = tally.bytes.load();
     do {
       if (was + bytes > bound) return false;
@@ -787,8 +787,9 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
     if (errno != EADDRINUSE) return false;  // the address, not the port: no other will do
   }
   error = "all " + std::to_string(candidates.size()) +
-          " of the job's port candidates are taken (another job's stager or another program "
-          "on each): widen the peer port range";
+          " of the job's port candidates are taken, by another job's stager or another program "
+          "(the last: " +
+          error + "): widen the peer port range";
   return false;
 }
 
@@ -1421,7 +1422,7 @@ void Engine::sign_and_send(uint64_t session, uint64_t call_id, uint64_t seq, uin
   answer_mac(key, conn.nonce, seq, call_id, answer, text, header.mac);
   ++conn.in_flight;  // send_answer counts it out
   auto charge = std::make_shared<Charge>();
-  charge->take(tally, 0, 0);  // an error text: counted, never refused
+  charge->take(tally, 0);  // an error text: counted, never refused
   send_answer(session, header, {text.begin(), text.end()}, {}, std::move(charge));
 }
 
@@ -1579,7 +1580,7 @@ void Reply::answer(uint32_t code, std::vector<char> bytes, std::shared_ptr<void>
     bytes = {};
     return answer(kAnswerError, {text.begin(), text.end()}, {});
   }
-  if (code != kAnswerOk) charge->take(tally, 0, 0);  // an error text: counted, never refused
+  if (code != kAnswerOk) charge->take(tally, 0);  // an error text: counted, never refused
   armed_ = false;
   AnswerHeader header{kMagic, code, session_, call_, {}};
   // All zeros if OpenSSL failed: the caller takes it for a stranger's.
@@ -1700,8 +1701,9 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
   // A session made already, on any of them; else a handshake with each in
   // turn. A candidate has at most 250 ms, and a share of the time left as
   // though at most 4 were left (the first, the likely one, gets 250 ms of a
-  // 1 s call on a loaded node): a port that takes the connection and stays
-  // silent (a squatter) leaves the next ones their time.
+  // 1 s call on a loaded node), the last one all that is left: a port that
+  // takes the connection and stays silent (a squatter) leaves the next ones
+  // their time.
   {
     std::lock_guard guard(engine->sessions_mutex);
     for (uint16_t candidate : ports) {
@@ -1718,10 +1720,10 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
     size_t tried = 0;
     for (; !status.ok() && tried < ports.size() && Clock::now() < deadline; ++tried) {
       auto now = Clock::now();
-      auto share =
-          port ? deadline
-               : std::min(now + (deadline - now) / long(std::min<size_t>(ports.size() - tried, 4)),
-                          now + std::chrono::milliseconds(250));
+      size_t left = ports.size() - tried;
+      auto share = left == 1 ? deadline
+                             : std::min(now + (deadline - now) / long(std::min<size_t>(left, 4)),
+                                        now + std::chrono::milliseconds(250));
       status = engine->session_for(host, ports[tried], share, call->session);
       if (status.ok()) call->peer = host + ":" + std::to_string(ports[tried]);
       if (status.code == Code::error) return status;

@@ -108,10 +108,10 @@
 // kPortCandidates ports, else its first kPortCandidates. The listener logs
 // which candidate it took; it fails (the node then caches on its own) only
 // when every candidate is taken. A caller tries the candidates in order, at
-// most kTriesPerCall a call, each for at most 250 ms (less in a short call),
-// and takes the first whose front door proves the key; it remembers per host
-// the one that did (later calls go there first) and, when none did, where
-// the next call goes on. Two jobs whose candidates collide on a node, another
+// most kTriesPerCall a call, each for at most 250 ms (the last one of a call
+// for what is left of it), and takes the first whose front door proves the
+// key; it remembers per host the one that did (later calls go there first)
+// and, when none did, where the next call goes on. Two jobs whose candidates collide on a node, another
 // job's stager or a squatter on a candidate, cost a caller at most 250 ms
 // each, once; ports are not predictable without the key.
 //

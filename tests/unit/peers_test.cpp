@@ -1074,7 +1074,7 @@ TEST(PeersDefaults, TransportsNeedNoSharedMemory) {
   ASSERT_TRUE(server && client) << error;
   std::string payload(1 << 20, 'z');
   std::vector<char> reply;
-  Status status = client->call("127.0.0.1", server->port(), "z", reply, 5000, 1024);
+  Status status = client->call("127.0.0.1", server->port(), "z", reply, 5000, 1 << 20);
   ASSERT_TRUE(status.ok()) << status.text;
   EXPECT_TRUE(std::equal(reply.begin(), reply.end(), payload.begin(), payload.end()));
 }
