@@ -1716,7 +1716,7 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
     }
   }
   if (!status.ok()) {
-    Status first;  // the first failure past a refused connection, else the first
+    Status first;  // the first failure other than `unreachable` (a port nobody has), else the first
     size_t tried = 0;
     for (; !status.ok() && tried < ports.size() && Clock::now() < deadline; ++tried) {
       auto now = Clock::now();
