@@ -484,6 +484,9 @@ struct Engine : std::enable_shared_from_this<Engine> {
   std::unordered_map<uint64_t, Door> doors;
   std::vector<std::function<void()>> later;  // UCX work that UCX callbacks may not do
   std::vector<void*> closing;                // ucp_ep_close_nbx requests in flight
+  // Answers handed to UCX and not done with: their connection, and when.
+  std::unordered_map<uint64_t, std::pair<uint64_t, Clock::time_point>> answering;
+  uint64_t next_answer = 1;
   Clock::time_point next_sweep;
 
   ~Engine() {
@@ -561,6 +564,10 @@ struct SendContext {
   std::shared_ptr<Call> call;      // a request's (its bytes, and whom to tell of a failure)
   std::shared_ptr<void> hold;      // Reply::send's
   std::shared_ptr<Charge> charge;  // an answer's
+  uint64_t answer = 0;             // an answer's key in Engine::answering
+  ~SendContext() {
+    if (answer) engine->answering.erase(answer);
+  }
 };
 
 // A request that cannot be sent fails its call and its connection (the next
@@ -1289,6 +1296,19 @@ void Engine::sweep() {
     if (auto conn = conns.find(call.conn); conn != conns.end()) conn->second.calls.erase(it->first);
     it = calls.erase(it);
   }
+  // A caller that has not taken an answer for answer_ms stopped taking them
+  // (its stager stopped, its network went): its session ends, which lets go
+  // of its answers; it handshakes again if it comes back.
+  std::unordered_set<uint64_t> stalled;
+  for (auto& [id, out] : answering)
+    if (now - out.second > std::chrono::milliseconds(limits.answer_ms)) stalled.insert(out.first);
+  for (uint64_t id : stalled) {
+    auto conn = conns.find(id);
+    if (conn == conns.end()) continue;  // dropped already; UCX lets go of its answers
+    spdlog::warn("peer transport: {} took no answer for {} ms: its session ends", conn->second.peer,
+                 limits.answer_ms);
+    fail_conn(id, "answers not taken", Code::timeout);
+  }
   std::vector<uint64_t> late;
   for (auto& [id, door] : doors)
     if (now - door.opened > std::chrono::milliseconds(limits.auth_ms)) late.push_back(id);
@@ -1407,6 +1427,8 @@ void Engine::send_answer(uint64_t session, const AnswerHeader& header, std::vect
   if (conn.in_flight > 0) --conn.in_flight;
   auto* ctx =
       new SendContext{this, {}, std::move(bytes), nullptr, std::move(hold), std::move(charge)};
+  ctx->answer = next_answer++;
+  answering[ctx->answer] = {by->second, Clock::now()};
   ctx->header.assign(reinterpret_cast<const char*>(&header), sizeof header);
   send_am(conn.ep, kAnswerAm, ctx->payload.data(), ctx->payload.size(), ctx);
 }

@@ -79,7 +79,10 @@
 // most Limits::answer_bytes of them handed to this Peers and not yet done
 // with by UCX (sent, failed or discarded), whoever asks and whether or not
 // the caller takes them; past it an answer is sent as a short `error`
-// ("busy", the caller asks again later) and its bytes are freed at once.
+// ("busy", the caller asks again later) and its bytes are freed at once. A
+// caller that stops taking its answers (its stager stopped, its network
+// gone, with no connection failing) holds them until Limits::answer_ms
+// passes: then its session ends, and its answers are let go.
 // Error texts are not counted in those bytes: one per request served, their
 // number is bounded as the requests are. The front door: connections that have not completed the
 // handshake, per source address (its oldest dropped for a new one) and in all
@@ -111,9 +114,9 @@
 // most kTriesPerCall a call, each for at most 250 ms (the last one of a call
 // for what is left of it), and takes the first whose front door proves the
 // key; it remembers per host the one that did (later calls go there first)
-// and, when none did, where the next call goes on. Two jobs whose candidates collide on a node, another
-// job's stager or a squatter on a candidate, cost a caller at most 250 ms
-// each, once; ports are not predictable without the key.
+// and, when none did, where the next call goes on. Two jobs whose candidates collide on a node,
+// another job's stager or a squatter on a candidate, cost a caller at most 250 ms each, once; ports
+// are not predictable without the key.
 //
 // Transports: UCX picks the fastest it finds, except shared memory, which
 // only works between processes of one IPC namespace and is never the path
@@ -211,6 +214,9 @@ struct Limits {
   unsigned silent_session_ms = 1000;
   size_t answer_bytes = size_t{64} << 20;  // answers held at once, in bytes (see Bounds)
   size_t max_answer = kMaxAnswer;          // one answer, in bytes; at most answer_bytes
+  // A caller with an answer UCX has not finished sending for this long has
+  // stopped taking them: its session ends, freeing its answers (see Bounds).
+  unsigned answer_ms = 10000;
 };
 
 // Answers handed to a Peers (Reply::send, Reply::fail) and not yet done with

@@ -1,9 +1,10 @@
 // A peer stager for peers_test, in its own process so that the tests can
 // kill -9 it, stop it, start it again and measure it. Usage: [bounded
-// ANSWER_BYTES] PORT KEY [ALLOWED_ADDRESS]. Its identity is 127.0.0.1; with
-// ALLOWED_ADDRESS its hosts are {127.0.0.1: ALLOWED_ADDRESS}: it accepts
-// connections only from that address, of a caller named 127.0.0.1; with
-// `bounded`, its Limits::answer_bytes is ANSWER_BYTES. Prints "port N
+// ANSWER_BYTES ANSWER_MS] PORT KEY [ALLOWED_ADDRESS]. Its identity is
+// 127.0.0.1; with ALLOWED_ADDRESS its hosts are {127.0.0.1:
+// ALLOWED_ADDRESS}: it accepts connections only from that address, of a
+// caller named 127.0.0.1; with `bounded`, its Limits::answer_bytes and
+// answer_ms are ANSWER_BYTES and ANSWER_MS. Prints "port N
 // ADDRESS" (its worker address in hex) once listening, then serves until
 // killed; its log goes to stderr. A request's first byte says what to do
 // with the rest:
@@ -648,10 +649,11 @@ int main(int argc, char** argv) {
                  "");
   spdlog::set_default_logger(spdlog::stderr_logger_mt("peers_peer"));
   monarch::peers::Limits limits;
-  if (argc >= 5 && mode == "bounded") {
+  if (argc >= 6 && mode == "bounded") {
     limits.answer_bytes = std::stoull(argv[2]);
-    argc -= 2;
-    argv += 2;
+    limits.answer_ms = unsigned(std::stoul(argv[3]));
+    argc -= 3;
+    argv += 3;
   }
   if (argc != 3 && argc != 4) return 2;
   Peers* self = nullptr;  // set before the first request

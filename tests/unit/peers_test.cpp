@@ -544,7 +544,7 @@ std::unique_ptr<Peers> echo_server(const std::string& key, uint16_t low, uint16_
 }
 
 // A caller that never takes its answers (a node stopped, or cut off without
-// its connection failing) asks a stager 128 times for a piece of 4 MiB,
+// its connection failing) asks a stager 64 times for a piece of 4 MiB,
 // while two callers ask for pieces flat out, one asks allowing 1 byte and one
 // gives up after 1 ms. The stager holds at most Limits::answer_bytes (16 MiB
 // here) of answers at once: its peak memory grows by no more than that and
@@ -554,13 +554,13 @@ std::unique_ptr<Peers> echo_server(const std::string& key, uint16_t low, uint16_
 // answers are let go and calls are served again.
 TEST_F(PeersTest, ACallerThatTakesNoAnswerHoldsAtMostAnswerBytes) {
   constexpr size_t kPiece = 4 << 20, kBound = 16 << 20, kSlack = 32 << 20;
-  Peer server = Peer::run({"bounded", std::to_string(kBound), "0", kKey});
+  Peer server = Peer::run({"bounded", std::to_string(kBound), "600000", "0", kKey});
   ASSERT_NE(server.port, 0) << server.line;
   const std::string piece = "n" + std::to_string(kPiece);
   std::vector<char> reply;
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(call(server.port, piece, reply).ok());
   size_t hwm0 = hwm_of(server.pid);
-  Peer hog = Peer::run({"hog", std::to_string(server.port), kKey, "128", std::to_string(kPiece)});
+  Peer hog = Peer::run({"hog", std::to_string(server.port), kKey, "64", std::to_string(kPiece)});
   EXPECT_EQ(hog.line, "asked\n");
   std::atomic<int> served{0}, busy{0}, failed{0};
   std::string failure;
@@ -617,6 +617,33 @@ TEST_F(PeersTest, ACallerThatTakesNoAnswerHoldsAtMostAnswerBytes) {
   EXPECT_EQ(held.answers, 0u) << "answers still counted once all were done with";
   EXPECT_EQ(held.bytes, 0u);
   EXPECT_LT(hwm1 - hwm0, kBound + kSlack);
+  server.stop();
+}
+
+// The same stalled caller, alive: once its answers have waited
+// Limits::answer_ms (3 s here), its session ends, its answers are let go, and
+// the others are served again.
+TEST_F(PeersTest, AStalledCallersAnswersAreLetGoAfterAnswerMs) {
+  constexpr size_t kPiece = 4 << 20, kBound = 16 << 20;
+  Peer server = Peer::run({"bounded", std::to_string(kBound), "3000", "0", kKey});
+  ASSERT_NE(server.port, 0) << server.line;
+  const std::string piece = "n" + std::to_string(kPiece);
+  std::vector<char> reply;
+  ASSERT_TRUE(call(server.port, piece, reply).ok());
+  Peer hog = Peer::run({"hog", std::to_string(server.port), kKey, "32", std::to_string(kPiece)});
+  ASSERT_EQ(hog.line, "asked\n");
+  Status st = call(server.port, piece, reply);
+  EXPECT_NE(st.text.find("busy"), std::string::npos) << "the stalled caller held no answer";
+  auto t0 = Clock::now();
+  while (!(st = call(server.port, piece, reply)).ok() && ms_since(t0) < 20000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(st.ok()) << st.text;
+  EXPECT_EQ(reply.size(), kPiece);
+  EXPECT_EQ(waitpid(hog.pid, nullptr, WNOHANG), 0) << "the stalled caller went";
+  printf(
+      "[ stalled caller ] served again %ld ms after told busy (answer_ms 3000), it still alive\n",
+      ms_since(t0));
+  hog.stop();
   server.stop();
 }
 
