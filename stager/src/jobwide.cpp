@@ -108,6 +108,8 @@ std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
                     .key = o.key,
                     .identity = o.nodes[o.self],
                     .hosts = resolve_nodes(o.nodes, o.resolve_ms)};
+  po.limits.answer_bytes = o.answer_bytes;
+  po.limits.max_answer = size_t(o.piece_bytes) + 64;  // a piece and its header
   for (const std::string& node : o.nodes)
     if (!po.hosts.count(node))
       spdlog::warn(

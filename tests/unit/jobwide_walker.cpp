@@ -8,6 +8,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +30,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: %s ROOT DIR PORT PIECE_BYTES ANSWER_BYTES\n", argv[0]);
     return 2;
   }
+  spdlog::set_default_logger(spdlog::stderr_logger_mt("walker"));  // stdout says "serving"
   std::string root = argv[1], dir = argv[2];
   static std::atomic<uint64_t> counters[kNumStagerCounters] = {};
   int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -46,10 +50,11 @@ int main(int argc, char** argv) {
                                                counters, error);
   if (!jw) return fprintf(stderr, "%s\n", error.c_str()), 1;
   IndexStats st;
-  MappedMap map = build_index(
-      {.root = root, .out_path = dir + "/index", .tier_dirs = {dir}, .generation = 1}, st,
-      [](JobMap&) {});
-  Placement placement({{uint64_t(1) << 30, 4096}}, [](int) { return uint64_t(1) << 30; }, 0);
+  MappedMap map =
+      build_index({.root = root, .out_path = dir + "/index", .tier_dirs = {dir}, .generation = 1},
+                  st, [](JobMap&) {});
+  Placement placement(
+      {{uint64_t(1) << 30, 4096}}, [](int) { return uint64_t(1) << 30; }, 0);
   Copier copier(map.map(), placement,
                 {.root_fd = root_fd,
                  .tier_fds = {dir_fd},
