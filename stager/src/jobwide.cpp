@@ -458,7 +458,8 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
         net_->call(node, 0, request, reply, int(std::clamp<uint64_t>(left_ms, 1, kIndexCallMs)),
                    sizeof(IndexPiece) + opt_.piece_bytes + 1);
     char answer = st.ok() && !reply.empty() ? reply.back() : 0;
-    if (st.ok() || st.code == peers::Code::error) {  // it holds the job's key, maybe busy
+    bool alive = st.ok() || st.code == peers::Code::error || st.code == peers::Code::busy;
+    if (alive) {  // it holds the job's key
       peer.answered = true;
       peer.silent_since = 0;
     }
@@ -522,7 +523,7 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
       fail(from, {peers::Code::error, answer == kUnavailable ? "it has no index to send"
                                                              : "it sent no piece of the index"});
       continue;
-    } else if (st.code != peers::Code::error) {  // not listening, or silent: out once that lasts
+    } else if (!alive) {  // not listening, or silent: out once that lasts
       uint64_t now = now_ns(), since = peer.silent_since.load();
       if (!since)
         peer.silent_since.compare_exchange_strong(since, now), since = since ? since : now;
@@ -709,7 +710,11 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
     return Got::kFailed;
   }
   silent.store(0);
-  if (st.ok()) peer.answered.store(true);
+  if (st.ok() || st.code == peers::Code::busy) peer.answered.store(true);
+  if (st.code == peers::Code::busy) {  // alive, holding all the answers it may: asked again
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return replica ? Got::kNotYet : Got::kPending;
+  }
   if (!st.ok()) {
     if (st.code == peers::Code::error) return Got::kUnavailable;  // that request, not the node
     fail(node, st);

@@ -44,6 +44,8 @@ const char* to_string(Code code) {
       return "refused";
     case Code::error:
       return "error";
+    case Code::busy:
+      return "busy";
   }
   return "?";
 }
@@ -207,7 +209,7 @@ bool decode_answer(const void* header, size_t header_length, AnswerHeader& out) 
   out = {};
   if (header_length != sizeof out) return false;
   std::memcpy(&out, header, sizeof out);
-  return out.magic == kMagic && out.answer <= kAnswerError;
+  return out.magic == kMagic && out.answer <= kAnswerBusy;
 }
 
 bool Window::fresh(uint64_t seq) const {
@@ -1474,7 +1476,7 @@ ucs_status_t Engine::on_request(void* arg, const void* header, size_t header_len
   conn.window.take(h.seq);
   if (conn.in_flight >= self->limits.in_flight) {
     self->later.push_back([self, session = h.session, call = h.call, seq = h.seq] {
-      self->sign_and_send(session, call, seq, kAnswerError, "busy: too many requests at once");
+      self->sign_and_send(session, call, seq, kAnswerBusy, "busy: too many requests at once");
     });
     return UCS_OK;
   }
@@ -1600,7 +1602,7 @@ void Reply::answer(uint32_t code, std::vector<char> bytes, std::shared_ptr<void>
                        " bytes of answers being sent (at most " +
                        std::to_string(limits.answer_bytes) + "), ask again later";
     bytes = {};
-    return answer(kAnswerError, {text.begin(), text.end()}, {});
+    return answer(kAnswerBusy, {text.begin(), text.end()}, {});
   }
   if (code != kAnswerOk) charge->take(tally, 0);  // an error text: counted, never refused
   armed_ = false;
@@ -1798,7 +1800,7 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
     return {};
   }
   std::string text(call->reply.begin(), call->reply.end());
-  return {Code::error, call->peer + ": " + text};
+  return {call->answer == kAnswerBusy ? Code::busy : Code::error, call->peer + ": " + text};
 }
 
 }  // namespace monarch::peers

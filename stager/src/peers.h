@@ -78,8 +78,8 @@
 // one is refused, `error`, with a log line: a bug of its handler's), and at
 // most Limits::answer_bytes of them handed to this Peers and not yet done
 // with by UCX (sent, failed or discarded), whoever asks and whether or not
-// the caller takes them; past it an answer is sent as a short `error`
-// ("busy", the caller asks again later) and its bytes are freed at once. A
+// the caller takes them; past it an answer is sent as a short `busy`
+// (the caller asks again later) and its bytes are freed at once. A
 // caller that stops taking its answers (its stager stopped, its network
 // gone, with no connection failing) holds them until Limits::answer_ms
 // passes: then its session ends, and its answers are let go.
@@ -146,7 +146,9 @@ enum class Code {
   refused,      // not this job's stager's: a Hello that is not Monarch's, a Welcome or an
                 // answer not signed with the key. Whoever reads and writes the job's
                 // network can forge one: never a final verdict about a peer
-  error,        // the peer's handler failed or dropped the request, or it is busy; local errors
+  error,        // the peer's handler failed or dropped the request; local errors
+  busy,         // the peer holds as many answers as it may, or serves as many requests of this
+                // caller: ask again later
 };
 const char* to_string(Code code);
 
@@ -303,7 +305,7 @@ constexpr size_t kMaxAddress = 4096;     // a UCX worker address, at most
 // worth; a node finds all 64 taken only when as many ports of the range are.
 constexpr unsigned kPortCandidates = 64;
 constexpr unsigned kTriesPerCall = 16;
-enum : uint32_t { kAnswerOk = 0, kAnswerError = 1 };
+enum : uint32_t { kAnswerOk = 0, kAnswerError = 1, kAnswerBusy = 2 };
 
 // Front door, server to caller at accept.
 struct Hello {
