@@ -125,7 +125,7 @@ bool stuck(const JobMap* m, const State& s, uint64_t now) {
   if (s.state == kQueued) return m->queue_stuck(coarse_age_ns(s.aux, coarse_now()), now);
   if (s.state == kCopying) {
     CopySlot* cs = m->copy_slot(s.aux);
-    return !cs || now - cs->progress_ns.load(std::memory_order_acquire) > m->stall_ns();
+    return !cs || cs->stalled(now, m->stall_ns());
   }
   return false;
 }

@@ -191,7 +191,7 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
           return Wait::kPartial;
         }
         if (pos > progress + kWaitWindow) return Wait::kPfs;  // far ahead: cheaper to read it
-        stuck = copy_stalled = now - cs->progress_ns.load(std::memory_order_acquire) > stall;
+        stuck = copy_stalled = cs->stalled(now, stall);
       }
     }
     // A copy that moves is waited for; one that does not, or a request the

@@ -24,6 +24,7 @@
 #include <stdexcept>
 
 #include "cgroup.h"
+#include "hostlist.h"
 #include "job_key.h"
 #include "job_space.h"
 #include "jobmap.h"
@@ -172,16 +173,29 @@ StepPlan plan_step(spank_t sp, uint32_t job) {
                  .timeout_s = plan.config.start_timeout_s,
                  .setup = {.limits = job_limits(sp), .umask = plan.record.umask}};
   plan.launch.env.push_back("SLURM_JOB_ID=" + std::to_string(job));
-  // A multi-node job: its nodes, port and key, for one cache (jobwide.h).
-  // The stager finds itself in the list by its short host name: at this
-  // point the step's SLURMD_NODENAME is still the one a nested srun
-  // inherited from the batch step's node.
+  // A multi-node job: its nodes, this node's name, port and key, for one
+  // cache (jobwide.h). The name is Slurm's NodeName, which may differ from
+  // the host name: the step's node list at the node's id in the step, which
+  // slurmstepd holds. (At this point the step's SLURMD_NODENAME is still the
+  // one a nested srun inherited from the batch step's node.) The batch and
+  // interactive steps run on the job's first node, id 0, and their
+  // environment may hold an enclosing job's step list. No name: the stager
+  // takes its short host name.
   std::string nodes = get_env(sp, "SLURM_JOB_NODELIST");
   if (plan.config.job_wide && nodes.find_first_of(",[") != std::string::npos) {
     try {
       JobKey key = derive_job_key(plan.config, job, u.uid, plan.record.restarts);
       plan.launch.secret = std::move(key.secret);
       plan.launch.args.insert(plan.launch.args.end(), {"--nodes", nodes});
+      uint32_t step = 0, nodeid = 0;
+      std::string name;
+      if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS) {
+      } else if (step == kBatchStep || step == kInteractiveStep) {
+        name = node_name(nodes, 0);
+      } else if (spank_get_item(sp, S_JOB_NODEID, &nodeid) == ESPANK_SUCCESS) {
+        name = node_name(get_env(sp, "SLURM_STEP_NODELIST"), nodeid);
+      }
+      if (!name.empty()) plan.launch.args.insert(plan.launch.args.end(), {"--node", name});
     } catch (const JobKeyError& e) {
       log_error("job " + std::to_string(job) + ": " + e.what());
     }

@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <unordered_set>
 
 #include "ahead.h"
 
@@ -640,6 +639,7 @@ bool Copier::begin(Job& job) {
   }
   CopySlot& slot = map_.header().copies[job.slot];
   slot.progress.store(0);
+  slot.quiet_ms.store(0);
   slot.progress_ns.store(monotonic_ns());
   slot.file.store(job.file + 1);
   boost_[job.slot] = job.urgent;
@@ -732,8 +732,10 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
         // and finish() finds its copy too long): a direct-I/O read takes the
         // pages of all the buffer it is given, 4 MiB a thread for files of a
         // few KiB (on FUSE, 1 MiB a request).
+        uint64_t want = std::min<uint64_t>(block, e.size - job.done + 1);
+        slot.quiet_ms.store(uint32_t(want / kSlowestReadBytesPerMs), std::memory_order_relaxed);
         uint64_t t0 = monotonic_ns();
-        n = pread(job.src, buf, std::min<uint64_t>(block, e.size - job.done + 1), off_t(job.done));
+        n = pread(job.src, buf, want, off_t(job.done));
         if (n > 0) {
           uint64_t ns = monotonic_ns() - t0;
           count(s_pfs_reads);
@@ -827,14 +829,16 @@ void Copier::finish(Job& job) {
   // finds the file there. (A rename left a moment in which the word still
   // said "copying" and the temporary name was gone: under CPU load readers
   // read the PFS in that moment, a second time.) A tier without hard links,
-  // or a name already there, is published by rename as before.
-  if (!make_parents(job.tier, rel)) {
-    spdlog::warn("cannot publish {} on tier {}: {}", rel, job.tier, std::strerror(errno));
-    count(s_copy_errors);
-    return abandon(job, kFailed);
-  }
-  bool linked = linkat(tier_fd, tmp.c_str(), tier_fd, final_name.c_str(), 0) == 0;
-  if (!linked && renameat(tier_fd, tmp.c_str(), tier_fd, final_name.c_str()) != 0) {
+  // or a name already there, is published by rename as before. The folders
+  // are made only when the name cannot be made for want of them (ENOENT): no
+  // syscall more for a file whose folder is there, and a folder the job
+  // removed is made again.
+  bool linked = false;
+  auto publish = [&] {
+    linked = linkat(tier_fd, tmp.c_str(), tier_fd, final_name.c_str(), 0) == 0;
+    return linked || renameat(tier_fd, tmp.c_str(), tier_fd, final_name.c_str()) == 0;
+  };
+  if (!publish() && (errno != ENOENT || !make_parents(tier_fd, final_name) || !publish())) {
     spdlog::warn("cannot publish {} on tier {}: {}", rel, job.tier, std::strerror(errno));
     count(s_copy_errors);
     return abandon(job, kFailed);
@@ -910,21 +914,11 @@ void Copier::close_files(Job& job, bool keep_memfd) {
   if (!keep_memfd && job.memfd >= 0) close(job.memfd), job.memfd = -1;
 }
 
-bool Copier::make_parents(int tier, std::string_view rel) {
-  static std::mutex mu;
-  static std::unordered_set<std::string> made;  // "tier/dir" already created
-  for (size_t slash = rel.find('/'); slash != std::string_view::npos;
-       slash = rel.find('/', slash + 1)) {
-    std::string dir = std::string(kDataDir) + "/" + std::string(rel.substr(0, slash));
-    std::string key = std::to_string(tier) + "/" + dir;
-    {
-      std::lock_guard lock(mu);
-      if (made.count(key)) continue;
-    }
-    if (mkdirat(opt_.tier_fds[tier], dir.c_str(), 0700) != 0 && errno != EEXIST) return false;
-    std::lock_guard lock(mu);
-    made.insert(key);
-  }
+bool Copier::make_parents(int dir_fd, std::string_view name) {
+  for (size_t slash = name.find('/'); slash != std::string_view::npos;
+       slash = name.find('/', slash + 1))
+    if (mkdirat(dir_fd, std::string(name.substr(0, slash)).c_str(), 0700) != 0 && errno != EEXIST)
+      return false;
   return true;
 }
 

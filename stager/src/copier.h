@@ -167,7 +167,9 @@ class Copier {
   std::atomic<bool> sampling_{true};
   std::atomic<size_t> read_backs_{0};  // copies read back, done or failed
   std::string tmp_name(uint32_t file) const;
-  bool make_parents(int tier, std::string_view rel);
+  // Makes the folders of `name` (a path relative to dir_fd) that are missing,
+  // outermost first; false and errno when one cannot be made.
+  static bool make_parents(int dir_fd, std::string_view name);
   void count(StagerCounter c, uint64_t n = 1) {
     counters_[c].fetch_add(n, std::memory_order_relaxed);
   }

@@ -71,4 +71,13 @@ std::vector<std::string> expand_hostlist(std::string_view list) {
   return out;
 }
 
+std::string node_name(std::string_view nodelist, uint32_t nodeid) {
+  try {
+    std::vector<std::string> names = expand_hostlist(nodelist);
+    return nodeid < names.size() ? names[nodeid] : "";
+  } catch (const std::invalid_argument&) {
+    return "";
+  }
+}
+
 }  // namespace monarch

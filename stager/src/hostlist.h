@@ -3,6 +3,7 @@
 // their zero padding; several bracket groups in one name multiply out.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,5 +15,10 @@ inline constexpr size_t kMaxJobNodes = 65536;
 // Throws std::invalid_argument naming the list and what is wrong with it
 // (unbalanced brackets, a bad range, more than kMaxJobNodes names).
 std::vector<std::string> expand_hostlist(std::string_view list);
+
+// The name of the node with Slurm's relative id `nodeid` (S_JOB_NODEID) in a
+// step's node list: its `nodeid`-th name. "" when the list has no such
+// name or is not a node list.
+std::string node_name(std::string_view nodelist, uint32_t nodeid);
 
 }  // namespace monarch

@@ -139,11 +139,22 @@ struct DirEntry {
   uint64_t dev, ino;
 };
 
+// A read from the PFS slower than this is a stalled copy's, whatever its size.
+inline constexpr uint64_t kSlowestReadBytesPerMs = 100'000;  // 100 MB/s
+
 struct CopySlot {
   std::atomic<uint32_t> file;  // id + 1, 0 when free
-  std::atomic<uint32_t> pad;
+  // How much longer than the stall timeout the copy may go without progress:
+  // the time its read in flight takes at kSlowestReadBytesPerMs (a read of a
+  // large block_size returns no byte before it is done).
+  std::atomic<uint32_t> quiet_ms;
   std::atomic<uint64_t> progress;     // bytes written to the temporary copy so far
   std::atomic<uint64_t> progress_ns;  // CLOCK_MONOTONIC of the last progress (or of the start)
+  // No progress for the stall timeout and the read in flight's allowance.
+  bool stalled(uint64_t now_ns, uint64_t stall_ns) const {
+    return now_ns - progress_ns.load(std::memory_order_acquire) >
+           stall_ns + uint64_t(quiet_ms.load(std::memory_order_relaxed)) * 1'000'000;
+  }
 };
 
 struct alignas(64) ProcSlot {

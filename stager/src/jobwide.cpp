@@ -1,8 +1,6 @@
 #include "jobwide.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -14,6 +12,8 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+
+#include "resolve.h"
 
 namespace monarch {
 namespace {
@@ -50,50 +50,6 @@ constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 44;
 
 uint64_t now_ns() {
   return monotonic_ns();
-}
-
-// The names' IPv4 addresses (numeric), looked up all at once and waited for
-// at most timeout_ms: a name service that hangs delays the start that long,
-// no more. A name not resolved by then is left out. Each lookup runs in a
-// thread of its own that owns its share of the results: one still running
-// after the deadline writes into memory that lives as long as it needs.
-// Not getaddrinfo_a: its helper thread may still touch a request after
-// gai_error reports it done (__gai_notify), so freeing the request races.
-std::map<std::string, std::string> resolve_nodes(const std::vector<std::string>& names,
-                                                 unsigned timeout_ms) {
-  struct Results {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<std::string> address;  // "" until resolved or failed
-    size_t done = 0;
-  };
-  auto results = std::make_shared<Results>();
-  results->address.resize(names.size());
-  for (size_t i = 0; i < names.size(); ++i) {
-    std::thread([results, i, name = names[i]] {
-      addrinfo hints{}, *res = nullptr;
-      hints.ai_family = AF_INET;
-      hints.ai_socktype = SOCK_STREAM;
-      std::string text;
-      if (getaddrinfo(name.c_str(), nullptr, &hints, &res) == 0 && res) {
-        char buf[INET_ADDRSTRLEN];
-        auto* a = reinterpret_cast<sockaddr_in*>(res->ai_addr);
-        if (inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf)) text = buf;
-      }
-      if (res) freeaddrinfo(res);
-      std::lock_guard lock(results->mu);
-      results->address[i] = text;
-      results->done++;
-      results->cv.notify_all();
-    }).detach();
-  }
-  std::map<std::string, std::string> out;
-  std::unique_lock lock(results->mu);
-  results->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                       [&] { return results->done == names.size(); });
-  for (size_t i = 0; i < names.size(); ++i)
-    if (!results->address[i].empty()) out[names[i]] = results->address[i];
-  return out;
 }
 
 }  // namespace
@@ -152,6 +108,8 @@ std::unique_ptr<JobWide> JobWide::start(JobWideOptions options,
                     .key = o.key,
                     .identity = o.nodes[o.self],
                     .hosts = resolve_nodes(o.nodes, o.resolve_ms)};
+  po.limits.answer_bytes = o.answer_bytes;
+  po.limits.max_answer = size_t(o.piece_bytes) + 64;  // a piece and its header
   for (const std::string& node : o.nodes)
     if (!po.hosts.count(node))
       spdlog::warn(
@@ -203,6 +161,7 @@ void JobWide::stop() {
   }
   for (auto& t : workers_) t.join();
   workers_.clear();
+  if (index_writer_.joinable()) index_writer_.join();
   {
     std::lock_guard held(held_.mu);
     held_.cv.notify_all();
@@ -232,10 +191,8 @@ void JobWide::serving(JobMap& map, Copier& copier, std::vector<int> tier_fds) {
     std::lock_guard lock(held_.mu);
     walked = held_.total == 0 || held_.have < held_.total;
   }
-  if (walked) {
-    write_index(map);
-    counters_[s_index_ms] = (now_ns() - start_ns_) / 1'000'000;
-  }
+  // Written by a thread of its own: the copies start meanwhile.
+  if (walked) index_writer_ = std::thread([this, &map] { write_index(map); });
 }
 
 // The walker's index, written whole to its file as it is hashed, then
@@ -257,6 +214,7 @@ void JobWide::write_index(const JobMap& map) {
   ok = ok && sha && EVP_DigestInit_ex(sha, EVP_sha256(), nullptr) == 1;
   uint64_t total = 0;
   index_wire_chunks(map, [&](const char* p, size_t n) {
+    if (closing_) ok = false, err = ECANCELED;
     for (size_t done = 0; ok && done < n;) {
       ssize_t w = pwrite(fd, p + done, n - done, off_t(total + done));
       if (w < 0 && errno == EINTR) continue;
@@ -277,12 +235,14 @@ void JobWide::write_index(const JobMap& map) {
   held_.fd = ok ? fd : -1;
   if (!ok) {
     if (fd >= 0) close(fd);
-    spdlog::warn("cannot keep the index for the other nodes in {}: {}: they walk the dataset",
-                 kIndexWireName, std::strerror(err));
+    if (!closing_)
+      spdlog::warn("cannot keep the index for the other nodes in {}: {}: they walk the dataset",
+                   kIndexWireName, std::strerror(err));
     held_.unavailable = true;
   } else {
     held_.total = held_.have = total;
     std::memcpy(held_.digest, digest, sizeof digest);
+    counters_[s_index_ms] = (now_ns() - start_ns_) / 1'000'000;
   }
   held_.version++;
   held_.cv.notify_all();
@@ -401,7 +361,7 @@ void JobWide::serve(const Request& r, peers::Reply& reply) {
       if (slot && slot->file.load() == r.file + 1) {
         if (slot->progress.load() >= end && end < e.size)
           named = partial_name(m, r.file, name, sizeof name);
-        else if (now_ns() - slot->progress_ns.load() > opt_.stall_ns)
+        else if (slot->stalled(now_ns(), opt_.stall_ns))
           return reply.send({kUnavailable});  // the copy here is stuck: the PFS
       }
     } else if (s.state == kNone) {
@@ -509,7 +469,7 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
     // What a node that holds the key says of its index is believed, but a
     // piece that is not one (another build's, a bug) leaves it out.
     bool sane = piece && p.off == r.off && p.have <= p.total && p.total <= kMaxIndexBytes &&
-                (answer == kPending || (n > 0 && n <= r.len && p.off + n <= p.have));
+                n > 0 && n <= r.len && p.off + n <= p.have;
     if (answer == kBytes && sane) {
       if (!hold_index(p)) continue;  // says why at the top
       std::unique_lock lock(held_.mu);
@@ -533,7 +493,13 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
       counters_[s_index_bytes_in].fetch_add(n, std::memory_order_relaxed);
       counters_[s_index_source] = uint64_t(from) + 1;
       retry_ms = 20;
-      if (held_.have < held_.total) continue;
+      if (held_.have < held_.total) {
+        if (now_ns() < deadline) continue;
+        why = "the index was still arriving after " + std::to_string(wait_ms) + " ms (" +
+              std::to_string(held_.have) + " of " + std::to_string(held_.total) + " bytes)";
+        final = false;
+        return std::nullopt;
+      }
       unsigned char digest[32];
       unsigned len = 0;
       if (EVP_DigestFinal_ex(sha, digest, &len) == 1 && len == sizeof digest &&
@@ -549,8 +515,9 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
       fail(from, {peers::Code::error, "the index it sent does not match its SHA-256"});
       continue;
     }
-    if (answer == kPending && sane) {
-      // Alive, without that piece yet (walking, or receiving it itself).
+    if (answer == kPending) {
+      // Alive, without that piece yet (walking, or receiving it itself), or
+      // too busy to look (a bare "pending").
     } else if (st.ok()) {  // its own signed word: it has no index to send
       fail(from, {peers::Code::error, answer == kUnavailable ? "it has no index to send"
                                                              : "it sent no piece of the index"});
@@ -574,7 +541,7 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
       final = false;
       return std::nullopt;
     }
-    if (answer != kPending) {  // the server waited already when pending
+    if (answer != kPending || !piece) {  // the server waited already when it says how far it is
       std::this_thread::sleep_for(std::chrono::milliseconds(retry_ms));
       retry_ms = std::min(retry_ms * 2, kIndexRetryMs);
     }

@@ -96,6 +96,7 @@ struct JobWideOptions {
   // wire form is kept, as kIndexWireName, to be served to the other nodes.
   int wire_dir = -1;
   uint64_t piece_bytes = kMaxPiece;  // the most one answer carries (of a file or of the index)
+  uint64_t answer_bytes = 64 << 20;  // answers held at once (peers::Limits::answer_bytes)
 };
 
 // The index held by a node, whole: its wire form in a file (owned by the
@@ -127,6 +128,8 @@ struct IndexPiece {
   uint64_t off = 0;               // where the bytes that follow begin
   unsigned char digest[32] = {};  // SHA-256 of the whole wire form
 };
+static_assert(kMaxPiece + sizeof(IndexPiece) + 1 <= peers::kMaxAnswer,
+              "a piece and its header fit an answer");
 // Pure: any bytes in; false and why when they are not a request.
 bool decode_jobwide_request(std::string_view bytes, JobWideRequest& out, std::string& why);
 
@@ -245,6 +248,7 @@ class JobWide : public PeerSource {
     void* sha = nullptr;       // the receiver's running SHA-256 (EVP_MD_CTX)
   } held_;
   uint64_t start_ns_ = 0;
+  std::thread index_writer_;  // the walker's: writes the index's file (serving())
   std::vector<std::thread> workers_;
 };
 

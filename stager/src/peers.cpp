@@ -8,6 +8,7 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
@@ -126,19 +127,23 @@ bool welcome_mac(std::string_view key, const Nonce& server, const Nonce& caller,
               out);
 }
 
+// The first `count` places of a Fisher-Yates shuffle of the range, place i
+// drawn by HMAC(key, "monarch-port-v2" le32(i)).
 std::vector<uint16_t> port_candidates(std::string_view key, uint16_t low, uint16_t high) {
-  std::vector<uint16_t> out;
-  if (low == 0 || high < low) return out;
+  if (low == 0 || high < low) return {};
   uint32_t range = uint32_t(high) - low + 1;
-  for (uint32_t i = 0; i < kPortCandidates; ++i) {
+  std::vector<uint16_t> ports(range);
+  for (uint32_t i = 0; i < range; ++i) ports[i] = uint16_t(low + i);
+  uint32_t count = std::min<uint32_t>(range, kPortCandidates);
+  for (uint32_t i = 0; i < count; ++i) {
     Mac mac{};
-    if (!hmac(key, {"monarch-port-v1", Le<4>(i)}, mac)) return {};
+    if (!hmac(key, {"monarch-port-v2", Le<4>(i)}, mac)) return {};
     uint64_t draw = 0;
     for (size_t b = 0; b < 8; ++b) draw |= uint64_t(mac[b]) << (8 * b);
-    uint16_t port = uint16_t(low + draw % range);
-    if (std::find(out.begin(), out.end(), port) == out.end()) out.push_back(port);
+    std::swap(ports[i], ports[i + draw % (range - i)]);
   }
-  return out;
+  ports.resize(count);
+  return ports;
 }
 
 bool same_mac(const Mac& a, const Mac& b) {
@@ -387,6 +392,49 @@ constexpr int kAcceptsPerTurn = 64;
 
 namespace detail {
 
+// The answers handed to a Peers and not yet done with by UCX (Held), shared
+// by every thread.
+struct Tally {
+  std::atomic<uint64_t> answers{0}, bytes{0}, peak_answers{0}, peak_bytes{0};
+  std::atomic<uint64_t> busy{0}, too_large{0};
+};
+
+void raise_to(std::atomic<uint64_t>& peak, uint64_t value) {
+  uint64_t was = peak.load();
+  while (was < value && !peak.compare_exchange_weak(was, value)) {
+  }
+}
+
+// One answer counted in a Tally from Reply::send until whatever holds it
+// goes: UCX done with it (its SendContext deleted), or discarded before.
+class Charge {
+ public:
+  // False, counting nothing, when `bytes` more would pass `bound`.
+  bool take(Tally& tally, uint64_t bytes, uint64_t bound = UINT64_MAX) {
+    uint64_t was = tally.bytes.load();
+    do {
+      if (was + bytes > bound) return false;
+    } while (!tally.bytes.compare_exchange_weak(was, was + bytes));
+    raise_to(tally.peak_bytes, was + bytes);
+    raise_to(tally.peak_answers, ++tally.answers);
+    tally_ = &tally;
+    bytes_ = bytes;
+    return true;
+  }
+  Charge() = default;
+  Charge(const Charge&) = delete;
+  Charge& operator=(const Charge&) = delete;
+  ~Charge() {
+    if (!tally_) return;
+    tally_->bytes -= bytes_;
+    --tally_->answers;
+  }
+
+ private:
+  Tally* tally_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
 struct Engine : std::enable_shared_from_this<Engine> {
   std::string key;
   std::string identity;
@@ -404,7 +452,9 @@ struct Engine : std::enable_shared_from_this<Engine> {
   int wake_fd = -1;
   std::thread thread;
 
-  // Shared with every thread.
+  // Shared with every thread. The tally outlives the queue, whose answers
+  // count out when it goes.
+  Tally tally;
   std::mutex queue_mutex;
   std::deque<std::function<void()>> queue;
   bool stopping = false;
@@ -416,6 +466,13 @@ struct Engine : std::enable_shared_from_this<Engine> {
   std::mutex sessions_mutex;
   std::map<std::string, Session> sessions;
   std::map<std::string, std::shared_ptr<std::timed_mutex>> handshaking;
+  // Per host called on the job's ports (calls to port 0): the candidate that
+  // proved the key last, and where a search that found none goes on.
+  struct Search {
+    size_t proved = SIZE_MAX;
+    size_t next = 0;
+  };
+  std::map<std::string, Search> searches;
 
   // The progress thread's only.
   uint64_t next_id = kFirstId;
@@ -427,6 +484,9 @@ struct Engine : std::enable_shared_from_this<Engine> {
   std::unordered_map<uint64_t, Door> doors;
   std::vector<std::function<void()>> later;  // UCX work that UCX callbacks may not do
   std::vector<void*> closing;                // ucp_ep_close_nbx requests in flight
+  // Answers handed to UCX and not done with: their connection, and when.
+  std::unordered_map<uint64_t, std::pair<uint64_t, Clock::time_point>> answering;
+  uint64_t next_answer = 1;
   Clock::time_point next_sweep;
 
   ~Engine() {
@@ -463,6 +523,9 @@ struct Engine : std::enable_shared_from_this<Engine> {
                    bool& admitted, Clock::time_point deadline, Session& out);
   Status session_for(const std::string& host, uint16_t port, Clock::time_point deadline,
                      Session& out);
+  std::vector<size_t> search_order(const std::string& host);
+  void searched(const std::string& host, const std::vector<size_t>& order, size_t tried,
+                bool found);
   void forget_session(const std::string& peer, uint64_t session);
   void end_silent(const std::string& peer, uint64_t session);
 
@@ -470,7 +533,7 @@ struct Engine : std::enable_shared_from_this<Engine> {
   void start_call(const std::shared_ptr<Call>& call);
   void send_request(Conn& conn, uint64_t call_id);
   void send_answer(uint64_t session, const AnswerHeader& header, std::vector<char> bytes,
-                   std::shared_ptr<void> hold);
+                   std::shared_ptr<void> hold, std::shared_ptr<Charge> charge);
   void sign_and_send(uint64_t session, uint64_t call, uint64_t seq, uint32_t answer,
                      std::string text);
   void drop(uint64_t conn, bool force = true);
@@ -488,6 +551,7 @@ struct Engine : std::enable_shared_from_this<Engine> {
 
 }  // namespace detail
 
+using detail::Charge;
 using detail::Engine;
 
 namespace {
@@ -496,9 +560,14 @@ namespace {
 struct SendContext {
   Engine* engine;
   std::string header;
-  std::vector<char> payload;   // an answer's bytes
-  std::shared_ptr<Call> call;  // a request's (its bytes, and whom to tell of a failure)
-  std::shared_ptr<void> hold;  // Reply::send's
+  std::vector<char> payload;       // an answer's bytes
+  std::shared_ptr<Call> call;      // a request's (its bytes, and whom to tell of a failure)
+  std::shared_ptr<void> hold;      // Reply::send's
+  std::shared_ptr<Charge> charge;  // an answer's
+  uint64_t answer = 0;             // an answer's key in Engine::answering
+  ~SendContext() {
+    if (answer) engine->answering.erase(answer);
+  }
 };
 
 // A request that cannot be sent fails its call and its connection (the next
@@ -713,15 +782,21 @@ bool Engine::init(const std::string& bind_address, uint16_t want_port, std::stri
   source_ipv4 = reinterpret_cast<sockaddr_in*>(&where.addr)->sin_addr.s_addr;
   if (want_port != 0 || candidates.empty()) return listen_on(where, error);
   // The job's ports: the first free one. One taken (another job's, a
-  // squatter's) costs nothing: callers try them in the same order.
-  std::string tried;
-  for (uint16_t candidate : candidates) {
-    set_port(where, candidate);
-    std::string why;
-    if (listen_on(where, why)) return true;
-    tried += (tried.empty() ? "" : "; ") + why;
+  // squatter's) costs a caller one try: callers try them in the same order.
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    set_port(where, candidates[i]);
+    if (listen_on(where, error)) {
+      spdlog::info("peer transport: listening on port {}, the job's port candidate #{} of {}{}",
+                   port, i + 1, candidates.size(),
+                   i ? " (" + std::to_string(i) + " before it taken)" : std::string());
+      return true;
+    }
+    if (errno != EADDRINUSE) return false;  // the address, not the port: no other will do
   }
-  error = "no free port among the job's: " + tried;
+  error = "all " + std::to_string(candidates.size()) +
+          " of the job's port candidates are taken, by another job's stager or another program "
+          "(the last: " +
+          error + "): widen the peer port range";
   return false;
 }
 
@@ -739,8 +814,10 @@ bool Engine::listen_on(const Address& address, std::string& error) {
   if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
       bind(fd, reinterpret_cast<const sockaddr*>(&address.addr), address.len) != 0 ||
       listen(fd, 128) != 0) {
-    error = "listening on " + where() + ": " + strerror(errno);
+    int err = errno;
+    error = "listening on " + where() + ": " + strerror(err);
     if (fd >= 0) close(fd);
+    errno = err;  // the caller tells a port taken from the rest
     return false;
   }
   sockaddr_in bound{};
@@ -1084,9 +1161,14 @@ Status Engine::session_for(const std::string& host, uint16_t port, Clock::time_p
     std::lock_guard guard(resolved_mutex);
     if (auto it = resolved.find(host); it != resolved.end()) address = it->second;
   }
+  // With the job's nodes given, a name is never resolved: a lookup could
+  // hang, and a name not among them is not the job's.
   if (address.len == 0) {
     std::string error;
     auto known = hosts.find(host);
+    if (!hosts.empty() && known == hosts.end())
+      return {Code::unreachable,
+              host + " is not one of the job's nodes with an address (never looked up)"};
     if (known != hosts.end() ? !numeric(known->second, 0, address)
                              : !resolve(host, 0, false, address, error))
       return {Code::unreachable, error.empty() ? "no address for " + host : error};
@@ -1107,6 +1189,37 @@ Status Engine::session_for(const std::string& host, uint16_t port, Clock::time_p
   std::lock_guard guard(sessions_mutex);
   sessions[peer] = out;
   return {};
+}
+
+// The candidates a call to `host` on the job's ports tries, in order: the
+// one that proved the key last, then from where the last search left off,
+// kTriesPerCall at most.
+std::vector<size_t> Engine::search_order(const std::string& host) {
+  std::lock_guard guard(sessions_mutex);
+  const Search& s = searches[host];
+  size_t n = candidates.size(), want = std::min<size_t>(n, kTriesPerCall);
+  std::vector<size_t> order;
+  if (s.proved < n) order.push_back(s.proved);
+  for (size_t k = 0; order.size() < want; ++k)
+    if ((s.next + k) % n != s.proved) order.push_back((s.next + k) % n);
+  return order;
+}
+
+// The first `tried` of `order` were tried; the last of them proved the key
+// when `found`. A search found nothing goes on after them next time; one
+// that found starts from the first candidate once that one fails (a stager
+// restarted takes the first free).
+void Engine::searched(const std::string& host, const std::vector<size_t>& order, size_t tried,
+                      bool found) {
+  std::lock_guard guard(sessions_mutex);
+  Search& s = searches[host];
+  if (found) {
+    s = {order[tried - 1], 0};
+    return;
+  }
+  size_t passed = 0;
+  for (size_t i = 0; i < tried; ++i) passed += order[i] != s.proved;
+  s.next = (s.next + passed) % candidates.size();
 }
 
 void Engine::forget_session(const std::string& peer, uint64_t session) {
@@ -1182,6 +1295,19 @@ void Engine::sweep() {
     call.finish(Code::timeout, "no answer from " + call.peer + " in time");
     if (auto conn = conns.find(call.conn); conn != conns.end()) conn->second.calls.erase(it->first);
     it = calls.erase(it);
+  }
+  // A caller that has not taken an answer for answer_ms stopped taking them
+  // (its stager stopped, its network went): its session ends, which lets go
+  // of its answers; it handshakes again if it comes back.
+  std::unordered_set<uint64_t> stalled;
+  for (auto& [id, out] : answering)
+    if (now - out.second > std::chrono::milliseconds(limits.answer_ms)) stalled.insert(out.first);
+  for (uint64_t id : stalled) {
+    auto conn = conns.find(id);
+    if (conn == conns.end()) continue;  // dropped already; UCX lets go of its answers
+    spdlog::warn("peer transport: {} took no answer for {} ms: its session ends", conn->second.peer,
+                 limits.answer_ms);
+    fail_conn(id, "answers not taken", Code::timeout);
   }
   std::vector<uint64_t> late;
   for (auto& [id, door] : doors)
@@ -1294,12 +1420,15 @@ void Engine::send_request(Conn& conn, uint64_t call_id) {
 
 // On our own endpoint of the session, never on a reply endpoint.
 void Engine::send_answer(uint64_t session, const AnswerHeader& header, std::vector<char> bytes,
-                         std::shared_ptr<void> hold) {
+                         std::shared_ptr<void> hold, std::shared_ptr<Charge> charge) {
   auto by = by_session.find(session);
   if (by == by_session.end()) return;  // the caller is gone: nobody to tell
   Conn& conn = conns[by->second];
   if (conn.in_flight > 0) --conn.in_flight;
-  auto* ctx = new SendContext{this, {}, std::move(bytes), nullptr, std::move(hold)};
+  auto* ctx =
+      new SendContext{this, {}, std::move(bytes), nullptr, std::move(hold), std::move(charge)};
+  ctx->answer = next_answer++;
+  answering[ctx->answer] = {by->second, Clock::now()};
   ctx->header.assign(reinterpret_cast<const char*>(&header), sizeof header);
   send_am(conn.ep, kAnswerAm, ctx->payload.data(), ctx->payload.size(), ctx);
 }
@@ -1314,7 +1443,9 @@ void Engine::sign_and_send(uint64_t session, uint64_t call_id, uint64_t seq, uin
   // All zeros if OpenSSL failed: the caller takes it for a stranger's.
   answer_mac(key, conn.nonce, seq, call_id, answer, text, header.mac);
   ++conn.in_flight;  // send_answer counts it out
-  send_answer(session, header, {text.begin(), text.end()}, {});
+  auto charge = std::make_shared<Charge>();
+  charge->take(tally, 0);  // an error text: counted, never refused
+  send_answer(session, header, {text.begin(), text.end()}, {}, std::move(charge));
 }
 
 // A request is served only if it decodes, names a live session, is fresh in
@@ -1444,19 +1575,42 @@ void Reply::fail(std::string text) {
   answer(kAnswerError, std::vector<char>(text.begin(), text.end()), {});
 }
 
-// Signed on this thread: the progress thread only sends.
+// Counted (Held) and signed on this thread: the progress thread only sends.
+// An answer over the bounds goes as an error text instead, its bytes freed
+// here (see Bounds in peers.h).
 void Reply::answer(uint32_t code, std::vector<char> bytes, std::shared_ptr<void> hold) {
   if (!armed_) return;
-  armed_ = false;
   std::shared_ptr<Engine> engine = engine_.lock();
-  if (!engine) return;
+  if (!engine) return void(armed_ = false);
+  detail::Tally& tally = engine->tally;
+  const Limits& limits = engine->limits;
+  auto charge = std::make_shared<Charge>();
+  if (code == kAnswerOk && bytes.size() > limits.max_answer) {
+    std::string text = "an answer of " + std::to_string(bytes.size()) + " bytes, more than the " +
+                       std::to_string(limits.max_answer) + " one may be";
+    uint64_t n = ++tally.too_large;
+    if ((n & (n - 1)) == 0)  // the 1st, 2nd, 4th...: a handler's bug, not a flood of lines
+      spdlog::error("peer transport: {} refused (a bug of the handler's; {} so far)", text, n);
+    bytes = {};
+    return answer(kAnswerError, {text.begin(), text.end()}, {});
+  }
+  if (code == kAnswerOk && !charge->take(tally, bytes.size(), limits.answer_bytes)) {
+    ++tally.busy;
+    std::string text = "busy: " + std::to_string(tally.bytes.load()) +
+                       " bytes of answers being sent (at most " +
+                       std::to_string(limits.answer_bytes) + "), ask again later";
+    bytes = {};
+    return answer(kAnswerError, {text.begin(), text.end()}, {});
+  }
+  if (code != kAnswerOk) charge->take(tally, 0);  // an error text: counted, never refused
+  armed_ = false;
   AnswerHeader header{kMagic, code, session_, call_, {}};
   // All zeros if OpenSSL failed: the caller takes it for a stranger's.
   answer_mac(engine->key, nonce_, seq_, call_, code, {bytes.data(), bytes.size()}, header.mac);
   Engine* raw = engine.get();  // the queue runs only while the engine lives
-  raw->post([raw, session = session_, header, bytes = std::move(bytes),
-             hold = std::move(hold)]() mutable {
-    raw->send_answer(session, header, std::move(bytes), std::move(hold));
+  raw->post([raw, session = session_, header, bytes = std::move(bytes), hold = std::move(hold),
+             charge = std::move(charge)]() mutable {
+    raw->send_answer(session, header, std::move(bytes), std::move(hold), std::move(charge));
   });
 }
 
@@ -1490,6 +1644,12 @@ std::unique_ptr<Peers> Peers::start(Options options, Handler handler, std::strin
       (options.port_low == 0 || options.port_high < options.port_low)) {
     error = "an empty port range " + std::to_string(options.port_low) + "-" +
             std::to_string(options.port_high);
+    return nullptr;
+  }
+  if (options.limits.max_answer > options.limits.answer_bytes) {
+    error = "an answer may be " + std::to_string(options.limits.max_answer) +
+            " bytes, more than the " + std::to_string(options.limits.answer_bytes) +
+            " bytes of answers held at once: it could never be sent";
     return nullptr;
   }
   raise_descriptor_limit();
@@ -1535,6 +1695,12 @@ std::string Peers::worker_address() const {
   return engine_->worker_address;
 }
 
+Held Peers::held() const {
+  const detail::Tally& t = engine_->tally;
+  return {t.answers.load(),    t.bytes.load(), t.peak_answers.load(),
+          t.peak_bytes.load(), t.busy.load(),  t.too_large.load()};
+}
+
 Status Peers::call(const std::string& host, uint16_t port, std::string_view request,
                    std::vector<char>& reply, int timeout_ms, size_t max_reply) {
   reply.clear();
@@ -1543,14 +1709,23 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
                              std::to_string(kMaxRequest) + ")"};
   auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
   Engine* engine = engine_.get();
-  // The job's candidates: the first whose front door proves the key.
-  std::vector<uint16_t> ports = port ? std::vector<uint16_t>{port} : engine->candidates;
-  if (ports.empty()) return {Code::error, "no port to call " + host + " on (no port range)"};
+  if (!port && engine->candidates.empty())
+    return {Code::error, "no port to call " + host + " on (no port range)"};
+  // The port asked for, or the job's candidates in this call's order.
+  std::vector<size_t> order = port ? std::vector<size_t>{} : engine->search_order(host);
+  std::vector<uint16_t> ports{port};
+  if (!port) {
+    ports.clear();
+    for (size_t i : order) ports.push_back(engine->candidates[i]);
+  }
   auto call = std::make_shared<Call>();
   Status status{Code::unreachable, "no session"};
   // A session made already, on any of them; else a handshake with each in
-  // turn, each within an equal share of the time left: a port that takes the
-  // connection and stays silent (a squatter) leaves the next one its time.
+  // turn. A candidate has at most 250 ms, and a share of the time left as
+  // though at most 4 were left (the first, the likely one, gets 250 ms of a
+  // 1 s call on a loaded node), the last one all that is left: a port that
+  // takes the connection and stays silent (a squatter) leaves the next ones
+  // their time.
   {
     std::lock_guard guard(engine->sessions_mutex);
     for (uint16_t candidate : ports) {
@@ -1562,14 +1737,29 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
       break;
     }
   }
-  for (size_t i = 0; !status.ok() && i < ports.size(); ++i) {
-    auto now = Clock::now();
-    auto share = now + (deadline - now) / long(ports.size() - i);
-    status = engine->session_for(host, ports[i], share, call->session);
-    if (status.ok()) call->peer = host + ":" + std::to_string(ports[i]);
-    if (status.code == Code::error) return status;
+  if (!status.ok()) {
+    Status first;  // the first failure other than `unreachable` (a port nobody has), else the first
+    size_t tried = 0;
+    for (; !status.ok() && tried < ports.size() && Clock::now() < deadline; ++tried) {
+      auto now = Clock::now();
+      size_t left = ports.size() - tried;
+      auto share = left == 1 ? deadline
+                             : std::min(now + (deadline - now) / long(std::min<size_t>(left, 4)),
+                                        now + std::chrono::milliseconds(250));
+      status = engine->session_for(host, ports[tried], share, call->session);
+      if (status.ok()) call->peer = host + ":" + std::to_string(ports[tried]);
+      if (status.code == Code::error) return status;
+      if (tried == 0 || (first.code == Code::unreachable && status.code != Code::unreachable))
+        first = status;
+    }
+    if (!port) engine->searched(host, order, tried, status.ok());
+    if (!status.ok() && tried == 0) return {Code::timeout, "no answer from " + host + " in time"};
+    if (!status.ok() && port) return first;
+    if (!status.ok())
+      return {first.code, first.text + " (" + std::to_string(tried) + " of the job's " +
+                              std::to_string(engine->candidates.size()) +
+                              " port candidates tried)"};
   }
-  if (!status.ok()) return status;
   call->max_reply = max_reply;
   call->deadline = deadline;
   call->host = host;

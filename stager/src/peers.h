@@ -74,7 +74,17 @@
 // the session ids and worker addresses travel in clear too: whoever reads the
 // job's network traffic learns them, and can then reach UCX (see below).
 //
-// Bounds (Limits). The front door: connections that have not completed the
+// Bounds (Limits). Answers: at most Limits::max_answer bytes each (a larger
+// one is refused, `error`, with a log line: a bug of its handler's), and at
+// most Limits::answer_bytes of them handed to this Peers and not yet done
+// with by UCX (sent, failed or discarded), whoever asks and whether or not
+// the caller takes them; past it an answer is sent as a short `error`
+// ("busy", the caller asks again later) and its bytes are freed at once. A
+// caller that stops taking its answers (its stager stopped, its network
+// gone, with no connection failing) holds them until Limits::answer_ms
+// passes: then its session ends, and its answers are let go.
+// Error texts are not counted in those bytes: one per request served, their
+// number is bounded as the requests are. The front door: connections that have not completed the
 // handshake, per source address (its oldest dropped for a new one) and in all
 // (then the oldest of the address holding the most goes, never a lone
 // caller's: when every address holds one, the new one is closed), each
@@ -95,11 +105,18 @@
 // limit to the hard one, which bounds what such a flood must hold.
 //
 // Ports. A job's stagers listen on the first free port among
-// port_candidates(key, low, high): four ports of the configured range drawn
-// from the key (HMAC-SHA256(key, "monarch-port-v1" le32(i))); a caller tries
-// them in order and takes the first whose front door proves the key. Two
-// jobs whose first candidates collide on a node, or a squatter on one, cost
-// nothing; ports are not predictable without the key.
+// port_candidates(key, low, high): the configured range in an order drawn
+// from the key (HMAC-SHA256(key, "monarch-port-v2" le32(i)) drives a
+// Fisher-Yates shuffle), the whole range when it has at most
+// kPortCandidates ports, else its first kPortCandidates. The listener logs
+// which candidate it took; it fails (the node then caches on its own) only
+// when every candidate is taken. A caller tries the candidates in order, at
+// most kTriesPerCall a call, each for at most 250 ms (the last one of a call
+// for what is left of it), and takes the first whose front door proves the
+// key; it remembers per host the one that did (later calls go there first)
+// and, when none did, where the next call goes on. Two jobs whose candidates collide on a node,
+// another job's stager or a squatter on a candidate, cost a caller at most 250 ms each, once; ports
+// are not predictable without the key.
 //
 // Transports: UCX picks the fastest it finds, except shared memory, which
 // only works between processes of one IPC namespace and is never the path
@@ -181,6 +198,10 @@ class Reply {
 // destroyed unanswered, reports an error to the caller.
 using Handler = std::function<void(std::vector<char> request, Reply reply)>;
 
+// The largest answer by default: a piece of 4 MiB (jobwide.h's kMaxPiece,
+// which checks against it) and a header of at most 64 bytes.
+inline constexpr size_t kMaxAnswer = (size_t{4} << 20) + 64;
+
 struct Limits {
   unsigned unauthenticated_per_source = 4;  // front door connections in a handshake, one address
   unsigned unauthenticated = 16;            // the same, all addresses
@@ -191,6 +212,22 @@ struct Limits {
   // on it (no answer to any of its calls) for this long: the server may have
   // ended it without a word. Shorter silences (a busy peer) keep it.
   unsigned silent_session_ms = 1000;
+  size_t answer_bytes = size_t{64} << 20;  // answers held at once, in bytes (see Bounds)
+  size_t max_answer = kMaxAnswer;          // one answer, in bytes; at most answer_bytes
+  // A caller with an answer UCX has not finished sending for this long has
+  // stopped taking them: its session ends, freeing its answers (see Bounds).
+  unsigned answer_ms = 10000;
+};
+
+// Answers handed to a Peers (Reply::send, Reply::fail) and not yet done with
+// by UCX: now, and the most at once so far. `bytes` are those of answers
+// (error texts not counted), which Limits::answer_bytes bounds; `busy` and
+// `too_large` count the answers sent as `error` instead (over answer_bytes,
+// over max_answer).
+struct Held {
+  uint64_t answers = 0, bytes = 0;
+  uint64_t peak_answers = 0, peak_bytes = 0;
+  uint64_t busy = 0, too_large = 0;
 };
 
 struct Options {
@@ -226,12 +263,9 @@ class Peers {
   // tests hand it to strangers, as a listener on the network learns it).
   std::string worker_address() const;
 
-  // What call() accepts by default: a 64 MiB block and a header.
-  static constexpr size_t kDefaultMaxReply = (size_t{64} << 20) + 64;
-
   // Sends `request` (at most kMaxRequest bytes, else `error`) to the stager
   // listening on host:port (same key, identity `host`; port 0: the first of
-  // the job's port candidates whose front door proves the key) and waits for
+  // the job's port candidates whose front door proves the key, see Ports) and waits for
   // its answer, which replaces `reply` (its capacity is reused: large answers
   // arrive by rendezvous straight into it). Returns within timeout_ms,
   // whatever the peer does (the handshake included); on failure `reply` is
@@ -239,10 +273,13 @@ class Peers {
   // allocated. One whose MAC does not verify ends the call `refused`. Safe
   // from any number of threads; one session per peer is shared by all calls,
   // made on first use and made again after it broke or let a call time out
-  // with nothing heard. `host` is looked up in
-  // Options::hosts, else resolved once per Peers and cached.
+  // with nothing heard. `host` is looked up in Options::hosts and never
+  // resolved (a name not there is `unreachable`); only when hosts is empty
+  // (tests, a stager run by hand) is it resolved, once per Peers, and cached.
   Status call(const std::string& host, uint16_t port, std::string_view request,
-              std::vector<char>& reply, int timeout_ms, size_t max_reply = kDefaultMaxReply);
+              std::vector<char>& reply, int timeout_ms, size_t max_reply);
+
+  Held held() const;
 
  private:
   explicit Peers(std::shared_ptr<detail::Engine> engine);
@@ -261,7 +298,11 @@ constexpr uint32_t kMagic = 0x4d4e5034;  // "MNP4"
 constexpr size_t kMaxRequest = 256;      // a request's payload, at most
 constexpr size_t kMaxIdentity = 64;      // a stager's name (a node name), at most
 constexpr size_t kMaxAddress = 4096;     // a UCX worker address, at most
-constexpr unsigned kPortCandidates = 4;
+// A job's ports: a listener can try every candidate (a bind each), a caller
+// at most kTriesPerCall a call (up to 250 ms each), so 64 are four calls'
+// worth; a node finds all 64 taken only when as many ports of the range are.
+constexpr unsigned kPortCandidates = 64;
+constexpr unsigned kTriesPerCall = 16;
 enum : uint32_t { kAnswerOk = 0, kAnswerError = 1 };
 
 // Front door, server to caller at accept.
@@ -313,8 +354,9 @@ bool answer_mac(std::string_view key, const Nonce& nonce, uint64_t seq, uint64_t
                 uint32_t answer, std::string_view payload, Mac& out);
 bool same_mac(const Mac& a, const Mac& b);  // in constant time
 
-// The job's ports within [low, high] in the order to try, at most
-// kPortCandidates (fewer when draws coincide); empty when the range is empty.
+// The job's ports within [low, high] in the order to try: all of them when
+// the range has at most kPortCandidates ports, else kPortCandidates of them,
+// distinct, in an order drawn from the key; empty when the range is empty.
 std::vector<uint16_t> port_candidates(std::string_view key, uint16_t low, uint16_t high);
 
 bool decode_hello(const void* bytes, size_t length, Hello& out);

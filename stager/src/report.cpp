@@ -194,6 +194,11 @@ Traffic traffic(const pt::ptree& c) {
   t.peer_received = num(c, skey(s_peer_bytes));
   t.peers_failed = num(c, skey(s_peers_failed));
   t.alone = num(c, skey(s_alone));
+  t.index_source = num(c, skey(s_index_source));
+  t.index_in = num(c, skey(s_index_bytes_in));
+  t.index_out = num(c, skey(s_index_bytes_out));
+  t.index_ms = num(c, skey(s_index_ms));
+  t.peak_memory = num(c, skey(s_peak_memory));
   return t;
 }
 

@@ -37,6 +37,11 @@ struct Traffic {
   // them (copies and reads passed on), nodes it gave up on; 1 when it cached
   // on its own, outside the job's cache.
   double peer_sent = 0, peer_received = 0, peers_failed = 0, alone = 0;
+  // Its index: 0 when walked here, else the node it came from (its place in
+  // the job's node list, plus 1); the index's bytes it received and sent;
+  // when it held the index whole (ms after its start); the stager's peak
+  // resident memory.
+  double index_source = 0, index_in = 0, index_out = 0, index_ms = 0, peak_memory = 0;
   double hit() const { return bytes > 0 ? local_bytes / bytes : 0; }
   double read_hit() const { return reads > 0 ? local_reads / reads : 0; }
 };

@@ -180,10 +180,20 @@ std::string job_summary_text(const std::vector<std::string>& jsons) {
     << human_bytes(job_pfs) << ", the stagers' copies " << human_bytes(pfs - job_pfs) << ")\n";
   o << "  between the nodes: " << human_bytes(sent) << " sent, " << human_bytes(received)
     << " received\n";
-  for (const Figures& f : nodes)
-    o << "    " << f.host << ": sent " << human_bytes(f.total.peer_sent) << ", received "
-      << human_bytes(f.total.peer_received) << ", PFS " << human_bytes(f.total.pfs_bytes) << ", "
-      << fmt("%.1f", f.elapsed_s) << " s\n";
+  for (const Figures& f : nodes) {
+    const Traffic& t = f.total;
+    o << "    " << f.host << ": sent " << human_bytes(t.peer_sent) << ", received "
+      << human_bytes(t.peer_received) << ", PFS " << human_bytes(t.pfs_bytes) << ", "
+      << fmt("%.1f", f.elapsed_s) << " s; index "
+      << (t.alone > 0          ? "its own"
+          : t.index_source > 0 ? "from node " + count(t.index_source - 1)
+                               : std::string("walked here"))
+      << (t.index_ms > 0 ? " at " + fmt("%.1f", t.index_ms / 1000) + " s" : "");
+    if (t.index_in + t.index_out > 0)
+      o << " (" << human_bytes(t.index_in) << " in, " << human_bytes(t.index_out) << " out)";
+    if (t.peak_memory > 0) o << "; stager's memory at most " << human_bytes(t.peak_memory);
+    o << "\n";
+  }
   o << "  slowest node: " << slowest->host << " (" << fmt("%.1f", slowest->elapsed_s) << " s)\n";
   if (!gave_up.empty())
     o << "  nodes that gave another node up (dead, hung or unreachable): " << gave_up << "\n";

@@ -2,6 +2,7 @@
 // the dataset once, publishes the job map, copies files to the node-local
 // tiers on request and ahead of the readers, and keeps the statistics.
 // Started by monarch-run or the Slurm plugin; stopped with SIGTERM.
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pwd.h>
@@ -136,6 +137,27 @@ int open_job_dir(const TierConfig& tier, const std::string& job) {
   return fd;
 }
 
+// True when the directory `fd` has no entry but "." and ".." (false when it
+// cannot be read: the caller looks).
+bool empty_directory(int fd) {
+  int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  DIR* d = dup_fd >= 0 ? fdopendir(dup_fd) : nullptr;
+  if (!d) {
+    if (dup_fd >= 0) close(dup_fd);
+    return false;
+  }
+  bool empty = true;
+  errno = 0;
+  while (dirent* e = readdir(d))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      empty = false;
+      break;
+    }
+  if (errno != 0) empty = false;
+  closedir(d);
+  return empty;
+}
+
 uint64_t random64() {
   uint64_t v = 0;
   if (getrandom(&v, sizeof v, 0) != sizeof v) v = uint64_t(getpid()) << 32 ^ monotonic_ns();
@@ -189,10 +211,17 @@ struct Stager {
   }
 
   // Keeps copies an earlier stager of this job made, if they still match.
+  // An empty data directory (every job's first stager) holds nothing to
+  // keep: skipped, as the scan costs a lookup per file of the dataset and
+  // tier (3.4 s for 1.3 M files and 2 tiers here) before the map is published.
   void adopt(JobMap& m) {
     for (int t = 0; t < int(tier_fds.size()); ++t) {
       int data = openat(tier_fds[t], kDataDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
       if (data < 0) continue;
+      if (empty_directory(data)) {
+        close(data);
+        continue;
+      }
       for (uint64_t i = 0; i < m.size(); ++i) {
         Entry& e = m.entry(i);
         if (state_of(e.state.load()) == kCached) continue;

@@ -431,16 +431,19 @@ def stagers(job=None):
             continue
         if job is not None and f"job{job}" not in argv:
             continue
+        hwm = [int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")]
         out.append({"pid": int(name), "uids": _status_ids(status, "Uid"),
                     "gids": _status_ids(status, "Gid"),
                     "groups": _status_ids(status, "Groups"), "argv": argv,
-                    "ppid": ppid, "pgid": pgid, "sid": sid, "stdio": stdio})
+                    "ppid": ppid, "pgid": pgid, "sid": sid, "stdio": stdio,
+                    "hwm_kb": hwm[0] if hwm else 0})
     return out
 
 
 class StagerWatch(threading.Thread):
     """Samples the stagers of a job every 50 ms until stopped: how many ran at
-    once, at most, and with which ids."""
+    once, at most, with which ids, and each one's peak resident memory
+    (hwm_kb: pid -> the last VmHWM seen)."""
 
     def __init__(self, job):
         super().__init__(daemon=True)
@@ -448,6 +451,7 @@ class StagerWatch(threading.Thread):
         self.max_count = 0
         self.samples = 0
         self.seen = {}  # pid -> the process as stagers() describes it
+        self.hwm_kb = {}
         self._stop_event = threading.Event()
 
     def run(self):
@@ -457,6 +461,7 @@ class StagerWatch(threading.Thread):
             self.max_count = max(self.max_count, len(found))
             for s in found:
                 self.seen.setdefault(s["pid"], s)
+                self.hwm_kb[s["pid"]] = max(self.hwm_kb.get(s["pid"], 0), s["hwm_kb"])
             time.sleep(0.05)
 
     def stop(self):

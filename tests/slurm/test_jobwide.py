@@ -32,7 +32,10 @@ echo "$?" >"$OUT/done"
 """
 
 
-class JobWide(st.SlurmTest):
+class JobWideCase(st.SlurmTest):
+    """The dataset, the job and its checks, for every test of multi-node jobs
+    (test_two_jobs_share_nodes.py too)."""
+
     @classmethod
     def setUpClass(cls):
         cls.source = st.make_dataset("jobwide", seed=9, classes=6, per_class=24, large=6)
@@ -49,14 +52,11 @@ class JobWide(st.SlurmTest):
         if len(st.MULTI) < 3:
             self.skipTest("needs 3 namespaced nodes (MONARCH_TEST_NODES)")
 
-    def run_job(self, name, during=None):
-        """Runs the 3-epoch job on the PFS; returns (epochs, pfs counts at
-        submission, job id, work dir). during(job, work): called once the
-        job runs."""
-        pfs = st.Pfs()
-        self.addCleanup(pfs.close)
+    def submit_job(self, pfs, name, user=USER):
+        """Submits the 3-epoch job on the PFS as `user`; returns (job id,
+        work dir)."""
         dataset = pfs.dataset("jobwide")
-        work = st.workdir(USER, name)
+        work = st.workdir(user, name)
         with open(os.path.join(work, "list"), "w") as f:
             f.write("\n".join(self.files) + "\n")
         os.makedirs(os.path.join(work, "barrier"))
@@ -65,20 +65,22 @@ class JobWide(st.SlurmTest):
         with open(script, "w") as f:
             f.write(BATCH.format(step=STEP.replace("'", "'\\''")))
         os.chmod(script, 0o755)
-        before = pfs.counts()
-        job = st.sbatch(USER, work, [f"--monarch-dataset={dataset}", script],
+        job = st.sbatch(user, work, [f"--monarch-dataset={dataset}", script],
                         extra_env={"DS": dataset, "OUT": work, "READER": READER, "JOBS": st.JOBS,
                                    "COUNTS": os.path.join(pfs.mount, ".pfsemu-counts")})
-        st.wait_running(job)
-        if during:
-            during(job, work)
+        return job, work
+
+    def check_job(self, job, work):
+        """Waits for the job; checks it completed, every rank read right
+        bytes in every epoch and the epilog left nothing. Returns the epochs
+        {epoch: {"files": all ranks' files, "pfs": rank 0's counts}}."""
         st.wait_job(job, timeout=180)
         out = st.read(os.path.join(work, f"slurm-{job}.out"))
         errors = "".join(st.read(os.path.join(work, f"rank{r}.err")) for r in range(3)
                          if os.path.exists(os.path.join(work, f"rank{r}.err")))
         self.assertEqual(st.job_state(job), "COMPLETED", out + errors)
         self.assertEqual(st.read(os.path.join(work, "done")).strip(), "0", out + errors)
-        epochs = {}  # epoch -> {"files": all ranks' files, "pfs": rank 0's counts}
+        epochs = {}
         for r in range(3):
             for line in st.read(os.path.join(work, f"rank{r}.out")).splitlines():
                 e = json.loads(line)
@@ -91,14 +93,27 @@ class JobWide(st.SlurmTest):
             wrong = [f for f in self.files if got["files"].get(f) != self.reference[f]]
             self.assertEqual(wrong, [], f"epoch {e}: files with wrong bytes (or unread)")
         self.assertNoLeftovers(job)
-        return epochs, before, job, work
+        return epochs
+
+    def run_job(self, name, during=None):
+        """Runs the 3-epoch job on the PFS; returns (epochs, pfs counts at
+        submission, job id, work dir). during(job, work): called once the
+        job runs."""
+        pfs = st.Pfs()
+        self.addCleanup(pfs.close)
+        before = pfs.counts()
+        job, work = self.submit_job(pfs, name)
+        st.wait_running(job)
+        if during:
+            during(job, work)
+        return self.check_job(job, work), before, job, work
 
     def reports(self, job, work):
         """Each node's statistics, by host."""
         out = st.node_reports(work, job)
         self.assertEqual(sorted(out), sorted(st.MULTI), f"reports in {work}")
         keys = ("copies", "peer_copies", "peer_fallbacks", "served_bytes", "peers_failed",
-                "index_received", "copy_errors", "noroom")
+                "index_received", "copy_errors", "noroom", "alone")
         for host, stats in sorted(out.items()):
             t = stats["totals"]
             print(host, {k: t["stager"][k] for k in keys}, "readers: pfs_bytes", t["pfs_bytes"],
@@ -106,12 +121,14 @@ class JobWide(st.SlurmTest):
                   t["fb_no_stager"])
         return out
 
-    def job_summary(self, job, work):
-        r = st.run_as(USER, [st.REPORT, str(job)], cwd=work)
+    def job_summary(self, job, work, user=USER):
+        r = st.run_as(user, [st.REPORT, str(job)], cwd=work)
         self.assertEqual(r.returncode, 0, r.stderr)
         print(r.stdout.split("\n\n")[0])
         return r.stdout.split("\n\n")[0]
 
+
+class JobWide(JobWideCase):
     def test_one_cache_for_the_job(self):
         epochs, before, job, work = self.run_job("jobwide")
         counts = [before] + [epochs[e]["pfs"] for e in (1, 2, 3)]
@@ -204,6 +221,47 @@ class JobWide(st.SlurmTest):
         # What no node had room for came from the node that had it.
         self.assertLessEqual(sum(per_epoch), 1.02 * self.size, "a file left the PFS twice")
         self.assertGreater(sum(s["totals"]["peer_served_bytes"] for s in stats.values()), 0)
+
+    def test_block_size_at_its_maximum(self):
+        """Tiers with block_size = 1G, the largest the configuration takes:
+        every copy of a file homed elsewhere still comes from its home (a
+        peer answers in pieces, whatever the block), and a copy thread's
+        buffer, a 1 GiB mapping, holds in memory only what its reads fill."""
+        lines = []
+        for line in st.read(st.CONFIG).splitlines():
+            lines.append(line)
+            if line.startswith("quota ="):
+                lines.append("block_size = 1G")
+        conf = os.path.join(st.ROOT, "block-1g.conf")
+        with open(conf, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.chmod(conf, 0o644)
+        watch = {}
+
+        def watch_stagers(job, work):
+            watch["w"] = st.StagerWatch(job)
+            watch["w"].start()
+
+        with st.plugstack_args(f"config={conf}"):
+            try:
+                epochs, before, job, work = self.run_job("block-1g", during=watch_stagers)
+            finally:
+                if "w" in watch:
+                    watch["w"].stop()
+        stats = self.reports(job, work)
+        hwm = sorted(watch["w"].hwm_kb.values())
+        pfs = epochs[3]["pfs"]["bytes"] - before["bytes"]
+        print(f"block_size 1G: stagers' VmHWM {[k // 1024 for k in hwm]} MiB; "
+              f"PFS {pfs / self.size:.3f}x the dataset")
+        self.assertEqual(len(hwm), 3, "a stager a node, seen")
+        # copy_threads = 2 and 4 peer threads a stager: a buffer filled whole
+        # would be 1 GiB; half of one is far above any stager's own memory.
+        for kb in hwm:
+            self.assertLess(kb, 512 * 1024, "a copy buffer held in memory whole")
+        self.assertLessEqual(pfs, 1.02 * self.size, "a file left the PFS more than once")
+        self.assertGreater(sum(s["totals"]["stager"]["peer_copies"] for s in stats.values()), 0)
+        for host, s in stats.items():
+            self.assertEqual(s["totals"]["stager"]["peer_fallbacks"], 0, host)
 
     def test_job_wide_no_keeps_each_node_on_its_own(self):
         conf = st.config_variant("per-node", general={"job_wide": "no"})

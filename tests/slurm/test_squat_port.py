@@ -123,7 +123,7 @@ class SquatPort(st.SlurmTest):
         # The first node cached alone: one line says why, and its report.
         alone = [l for l in logs[first].splitlines() if "caching on this node alone" in l]
         self.assertEqual(len(alone), 1, logs[first][-3000:])
-        self.assertIn("no free port among the job's", alone[0])
+        self.assertIn("all 4 of the job's port candidates are taken", alone[0])
         self.assertIn("Address already in use", alone[0])
         self.assertEqual(counter(first, "alone"), 1)
         for name in ("index_received", "peer_bytes", "served_bytes"):

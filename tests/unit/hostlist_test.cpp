@@ -35,5 +35,19 @@ TEST(Hostlist, BadListsSayWhatIsWrong) {
   EXPECT_EQ(error_of("n[0-99999]"), "node list 'n[0-99999]': more than 65536 nodes");
 }
 
+// A node's name from a step's node list and Slurm's relative id of the node.
+TEST(Hostlist, NodeNameIsTheNameAtTheNodesId) {
+  EXPECT_EQ(node_name("node1", 0), "node1");
+  EXPECT_EQ(node_name("n[1-3]", 2), "n3");
+  EXPECT_EQ(node_name("n[08-11]", 1), "n09") << "zero padding kept";
+  EXPECT_EQ(node_name("n[08-11]", 2), "n10");
+  EXPECT_EQ(node_name("n[001-002,010]", 2), "n010");
+  EXPECT_EQ(node_name("n[1-2,07],gpu[01-02]a", 3), "gpu01a");
+  EXPECT_EQ(node_name("login,r[1-2]n[1-2]", 4), "r2n2");
+  EXPECT_EQ(node_name("n[1-3]", 3), "") << "past the list's end";
+  EXPECT_EQ(node_name("", 0), "");
+  EXPECT_EQ(node_name("n[1-3", 0), "") << "not a node list";
+}
+
 }  // namespace
 }  // namespace monarch

@@ -12,12 +12,17 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -576,6 +581,144 @@ TEST_F(ElectionTest, TheIndexAndFilesArriveWholeInPiecesDownTheTree) {
   }
   std::string name(m.path(uint32_t(file)));
   EXPECT_EQ(got, std::string(kFileBytes, char('a' + (name.back() - '0')))) << name;
+}
+
+// A relay that dies while a node receives the index from it: the node gives
+// it up and takes the rest from the relay's parent, from where it was.
+TEST_F(ElectionTest, ARelayThatDiesMidwayIsLeftAndTheRestComesFromItsParent) {
+  for (int d = 0; d < 100; ++d) {
+    fs::create_directories(root / ("d" + std::to_string(d)));
+    for (int i = 0; i < 100; ++i)
+      std::ofstream(root / ("d" + std::to_string(d)) / ("file-" + std::to_string(i))) << i;
+  }
+  job.nodes = {"127.0.0.1", other.address, "127.0.0.2", "127.0.0.3"};
+  job.piece_bytes = 4096;
+  job.timeout_ms = 1000;  // out after kIndexPatienceNs
+  nodes[0] = std::make_unique<Node>(root, dir / "tier0", 0, job);
+  nodes[1] = std::make_unique<Node>(root, dir / "tier1", 1, job);
+  std::string walked = index_wire(nodes[0]->map.map());
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  std::string error, why;
+  bool final = false;
+  std::unique_ptr<JobWide> node = caller(3, counters, error);
+  ASSERT_TRUE(node) << error;
+  // A few pieces from node 1 (its parent), far from all of them.
+  while (counters[s_index_bytes_in].load() == 0)
+    ASSERT_FALSE(node->fetch_index(20, why, final)) << "the whole index in 20 ms";
+  uint64_t midway = counters[s_index_bytes_in].load();
+  ASSERT_LT(midway, walked.size() / 2);
+  EXPECT_EQ(counters[s_index_source].load(), 2u) << "not from node 1";
+  nodes[1].reset();
+  std::optional<IndexFile> wire = node->fetch_index(kIndexWaitMs, why, final);
+  ASSERT_TRUE(wire) << why;
+  EXPECT_TRUE(contents(wire->fd, wire->size) == walked);
+  EXPECT_EQ(counters[s_index_source].load(), 1u) << "the rest not from node 0";
+  EXPECT_EQ(counters[s_peers_failed].load(), 1u);
+  EXPECT_EQ(counters[s_index_bytes_in].load(), walked.size()) << "received again from the start";
+  EXPECT_FALSE(node->walks());
+  node->stop();
+}
+
+// The memory a process has held at most, and holds now (bytes), from
+// /proc/PID/status.
+uint64_t status_kib(pid_t pid, const char* field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field, 0) == 0) return std::stoull(line.substr(strlen(field))) << 10;
+  return 0;
+}
+
+// A walker asked for its index again and again, by callers that take every
+// answer and by one that takes none, holds at most the answers its peers
+// bound lets it hold: nothing it does grows with the asks or with the index
+// (its wire form here is far larger than that bound).
+TEST(JobWideMemory, AWalkerAskedAgainAndAgainHoldsBoundedMemory) {
+  char name[] = "/tmp/monarch-walker-XXXXXX";
+  fs::path dir = mkdtemp(name), root = dir / "ds";
+  std::string tail(150, 'n');
+  for (int d = 0; d < 50; ++d) {
+    fs::create_directories(root / ("d" + std::to_string(d)));
+    for (int i = 0; i < 2000; ++i)
+      close(creat((root / ("d" + std::to_string(d)) / (tail + std::to_string(i))).c_str(), 0644));
+  }
+  constexpr uint64_t kPiece = 64 << 10, kAnswers = 4 << 20;
+  uint16_t port = free_port();
+  int in[2], out[2];
+  ASSERT_EQ(pipe2(in, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  std::vector<std::string> args = {MONARCH_JOBWIDE_WALKER, root.string(),
+                                   dir.string(),           std::to_string(port),
+                                   std::to_string(kPiece), std::to_string(kAnswers)};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, MONARCH_JOBWIDE_WALKER, &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  close(in[0]);
+  close(out[1]);
+  char line[64] = {};
+  pollfd p{out[0], POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 120000), 1) << "the walker never served";
+  ASSERT_GT(read(out[0], line, sizeof line - 1), 0);
+  ASSERT_EQ(std::string(line), "serving\n");
+
+  std::string error;
+  std::unique_ptr<peers::Peers> caller = peers::Peers::start(
+      {.bind_address = "127.0.0.2",
+       .key = "job-77-secret",
+       .identity = "127.0.0.2",
+       .hosts = {{"127.0.0.1", "127.0.0.1"}, {"127.0.0.2", "127.0.0.2"}}},
+      [](std::vector<char>, peers::Reply) {}, error);
+  ASSERT_TRUE(caller) << error;
+  auto ask = [&](uint64_t off, size_t max_reply, std::vector<char>& reply) {
+    JobWideRequest r{.type = JobWideRequest::kIndex, .off = off, .len = kPiece};
+    return caller->call("127.0.0.1", port, {reinterpret_cast<char*>(&r), sizeof r}, reply, 5000,
+                        max_reply);
+  };
+  std::vector<char> first;
+  ASSERT_TRUE(ask(0, sizeof(IndexPiece) + kPiece + 1, first).ok());
+  ASSERT_EQ(first.back(), 'B');
+  IndexPiece head;
+  std::memcpy(&head, first.data(), sizeof head);
+  uint64_t total = head.total;
+  ASSERT_GT(total, kAnswers + (8 << 20)) << "an index smaller than the bound shows nothing";
+
+  // From the walker's memory now on, what the asks make it hold at most.
+  ASSERT_TRUE(std::ofstream("/proc/" + std::to_string(pid) + "/clear_refs") << "5");
+  uint64_t before = status_kib(pid, "VmRSS:");
+  std::atomic<uint64_t> whole{0}, busy{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 5; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<char> reply;
+      for (uint64_t i = 0; i < 500; ++i) {
+        uint64_t off = (i * 7919 + uint64_t(t) * 104729) * kPiece % total;
+        // Caller 0 takes no answer: each is too long for it.
+        peers::Status st = ask(off, t == 0 ? 1 : sizeof(IndexPiece) + kPiece + 1, reply);
+        if (st.ok() && reply.back() == 'B') whole++;
+        if (st.code == peers::Code::error) busy++;
+      }
+    });
+  for (auto& t : threads) t.join();
+  uint64_t grew = status_kib(pid, "VmHWM:") - before;
+  printf("index %llu bytes; pieces taken whole %llu, errors %llu; the walker grew by %llu KiB\n",
+         (unsigned long long)total, (unsigned long long)whole.load(),
+         (unsigned long long)busy.load(), (unsigned long long)(grew >> 10));
+  EXPECT_GT(whole.load(), 1000u) << "the callers that take answers got few";
+  EXPECT_LE(grew, kAnswers + (8 << 20)) << "the walker's memory grew with the asks";
+  close(in[1]);  // the walker ends
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(out[0]);
+  caller.reset();
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stranger, SquatTest,

@@ -360,7 +360,7 @@ int forged_refusal() {
   std::vector<char> reply;
   std::map<std::string, int> before;
   for (int i = 0; i < 5; ++i) {
-    Status s = caller->call("127.0.0.1", port, "s300", reply, 3000);
+    Status s = caller->call("127.0.0.1", port, "s300", reply, 3000, 1024);
     before[std::string(to_string(s.code)) + (s.ok() ? "" : " (" + s.text + ")")]++;
   }
   tally("no listener, 5 calls answered after 300 ms", before);
@@ -376,7 +376,7 @@ int forged_refusal() {
   caller = caller_at("127.0.0.1");
   std::map<std::string, int> slow, fast;
   for (int i = 0; i < 5; ++i) {
-    Status s = caller->call("127.0.0.1", port, "s300", reply, 3000);
+    Status s = caller->call("127.0.0.1", port, "s300", reply, 3000, 1024);
     slow[std::string(to_string(s.code)) + (s.ok() ? "" : " (" + s.text + ")")]++;
   }
   tally("listener forging, 5 calls answered after 300 ms", slow);
@@ -390,7 +390,7 @@ int forged_refusal() {
   };
   unsigned long forged_slow = forged();
   for (int i = 0; i < 200; ++i) {
-    Status s = caller->call("127.0.0.1", port, "eok", reply, 1000);
+    Status s = caller->call("127.0.0.1", port, "eok", reply, 1000, 1024);
     fast[std::string(to_string(s.code)) + (s.ok() ? "" : " (" + s.text + ")")]++;
   }
   tally("listener forging, 200 calls answered at once", fast);
@@ -510,7 +510,7 @@ int handshakes(const std::string& source) {
   while (ms_since(t0) < 5000) {
     auto fresh = caller_at("127.0.0.1");
     std::vector<char> reply;
-    Status s = fresh->call("127.0.0.1", port, "eok", reply, 1000);
+    Status s = fresh->call("127.0.0.1", port, "eok", reply, 1000, 1024);
     outcomes[std::string(to_string(s.code)) + (s.ok() ? "" : " (" + s.text + ")")]++;
   }
   tally(("fresh handshakes from 127.0.0.1 for 5 s, connections held from " + source).c_str(),
@@ -545,8 +545,8 @@ int divergent_names() {
     auto b = node("127.0.0.1", "nodeB", {{"nodeA", other}, {"nodeB", "127.0.0.1"}});
     if (!a || !b) return 1;
     std::vector<char> reply;
-    Status ab = a->call("nodeB", b->port(), "x", reply, 2000);
-    Status ba = b->call("nodeA", a->port(), "x", reply, 2000);
+    Status ab = a->call("nodeB", b->port(), "x", reply, 2000, 1024);
+    Status ba = b->call("nodeA", a->port(), "x", reply, 2000, 1024);
     printf("nodeA's name on nodeA: %s: A calls B: %s (%s); B calls A: %s (%s)\n", a_own.c_str(),
            to_string(ab.code), ab.text.c_str(), to_string(ba.code), ba.text.c_str());
     fflush(stdout);
@@ -575,7 +575,7 @@ int storm(int n) {
       std::this_thread::sleep_until(t0);
       std::vector<char> reply;
       for (int attempt = 0;; ++attempt) {
-        Status s = callers[size_t(i)]->call("127.0.0.1", port, "eok", reply, 1000);
+        Status s = callers[size_t(i)]->call("127.0.0.1", port, "eok", reply, 1000, 1024);
         if (attempt == 0) {
           std::lock_guard l(m);
           first[std::string(to_string(s.code)) + (s.ok() ? "" : " (" + s.text + ")")]++;

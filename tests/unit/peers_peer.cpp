@@ -1,16 +1,21 @@
 // A peer stager for peers_test, in its own process so that the tests can
-// kill -9 it, stop it, start it again and measure it. Usage: PORT KEY
-// [ALLOWED_ADDRESS]. Its identity is 127.0.0.1; with ALLOWED_ADDRESS its
-// hosts are {127.0.0.1: ALLOWED_ADDRESS}: it accepts connections only from
-// that address, of a caller named 127.0.0.1. Prints "port N ADDRESS" (its
-// worker address in hex) once listening, then serves until killed. A
-// request's first byte says what to do with the rest:
+// kill -9 it, stop it, start it again and measure it. Usage: [bounded
+// ANSWER_BYTES ANSWER_MS] PORT KEY [ALLOWED_ADDRESS]. Its identity is
+// 127.0.0.1; with ALLOWED_ADDRESS its hosts are {127.0.0.1:
+// ALLOWED_ADDRESS}: it accepts connections only from that address, of a
+// caller named 127.0.0.1; with `bounded`, its Limits::answer_bytes and
+// answer_ms are ANSWER_BYTES and ANSWER_MS. Prints "port N
+// ADDRESS" (its worker address in hex) once listening, then serves until
+// killed; its log goes to stderr. A request's first byte says what to do
+// with the rest:
 //   (empty request)  answers empty
 //   e BYTES          answers BYTES
 //   n COUNT          answers COUNT bytes, byte i being (i * 7 + 3) & 0xff
 //   s MS             answers "slept" MS milliseconds later, from another thread
 //   d                drops the Reply unanswered
 //   x                throws from the handler
+//   h                answers its Peers::held(): "ANSWERS BYTES PEAK_ANSWERS
+//                    PEAK_BYTES BUSY TOO_LARGE" (its own answer not counted)
 //
 // Or a process speaking the wire format directly (plain sockets, UCX):
 //   squat LOG         a front door without the key (prints "port N"): sends
@@ -33,6 +38,10 @@
 //                     of the three got ("ok ping", then "none": dropped unanswered)
 //   spoil PORT KEY    a caller with the key and a stranger who knows its
 //                     session id: see Raw::spoil; prints one line
+//   hog PORT KEY COUNT SIZE
+//                     a caller with the key that asks 127.0.0.1:PORT COUNT
+//                     times for SIZE bytes ("nSIZE") and never takes an
+//                     answer (prints "asked" once they are sent), until killed
 //   relay TO          a squatter that pipes each connection to 127.0.0.1:TO
 //                     (prints "port N")
 //   flood PORT SECONDS [ADDRESS]
@@ -66,6 +75,9 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "peers.h"
 
@@ -154,6 +166,11 @@ struct Raw {
   };
   std::vector<Message> messages;  // received, small ones whole
   std::vector<ucp_ep_h> broken;
+  // A caller that never takes its answers: rendezvous ones are left pending
+  // (their sender holds their bytes until the endpoint goes), eager ones are
+  // counted and dropped.
+  bool hoard = false;
+  uint64_t hoarded = 0, eager_answers = 0;
 
   bool init() {
     ucp_config_t* config = nullptr;
@@ -190,6 +207,14 @@ struct Raw {
                                  size_t length, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Raw*>(arg);
     bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+    if (self->hoard && Id == wire::kAnswerAm) {
+      if (!rndv && !self->eager_answers++)
+        fprintf(stderr, "hog: first eager answer: %.*s\n", int(std::min<size_t>(length, 200)),
+                static_cast<const char*>(data));
+      if (!rndv) return UCS_OK;
+      ++self->hoarded;
+      return UCS_INPROGRESS;  // never received nor released
+    }
     self->messages.push_back(
         {Id, std::string(static_cast<const char*>(header), header_length),
          rndv ? std::string("(rndv)") : std::string(static_cast<const char*>(data), length)});
@@ -450,6 +475,41 @@ struct Raw {
     return 0;
   }
 
+  // A caller with the key that asks `count` times for `size` bytes and never
+  // takes an answer (see hoard): prints "asked", then keeps its endpoint
+  // open, progressing, until killed.
+  int hog(uint16_t port, const std::string& key, unsigned count, size_t size) {
+    uint64_t session;
+    Nonce nonce;
+    std::string theirs;
+    if (!init() || !handshake(port, key, session, nonce, theirs)) return 1;
+    ucp_ep_h ep = connect_to(theirs);
+    if (!ep) return 1;
+    std::list<std::pair<wire::RequestHeader, std::string>> sent;  // alive while UCX reads them
+    auto request = [&](uint64_t seq, const std::string& text) {
+      auto& [h, payload] =
+          sent.emplace_back(wire::RequestHeader{wire::kMagic, 0, session, seq, seq, {}}, text);
+      wire::request_mac(key, nonce, seq, h.call, "127.0.0.1", payload, h.mac);
+      send(ep, wire::kRequestAm, &h, sizeof h, payload.data(), payload.size());
+    };
+    request(1, "ewarm");  // the endpoint wired up, answered
+    if (answer() != "ok warm") return 1;
+    hoard = true;
+    // In rounds of 32, within the server's bound on requests served at once.
+    for (unsigned i = 0; i < count; ++i) {
+      request(2 + i, "n" + std::to_string(size));
+      if (i % 32 == 31) progress_for(600);
+    }
+    progress_for(500);
+    printf("asked\n");
+    fflush(stdout);
+    for (;;) {
+      progress_for(1000);
+      fprintf(stderr, "hog: %llu answers left pending, %llu eager dropped\n",
+              (unsigned long long)hoarded, (unsigned long long)eager_answers);
+    }
+  }
+
   // UCX messages to a worker whose address a stranger learned.
   void flood_ucx(const std::string& target, Clock::time_point until) {
     static std::vector<char> big(64 << 20, 'x'), eager(1 << 20, 'y');
@@ -569,6 +629,9 @@ int relay(uint16_t to) {
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
+  if (argc == 6 && mode == "hog")
+    return Raw().hog(std::stoi(argv[2]), argv[3], unsigned(std::stoul(argv[4])),
+                     std::stoull(argv[5]));
   if (argc == 3 && mode == "relay") return relay(uint16_t(std::stoi(argv[2])));
   if (argc == 4 && mode == "spoil") return Raw().spoil(std::stoi(argv[2]), argv[3]);
   if (argc == 3 && mode == "squat") return Raw().squat(argv[2]);
@@ -584,8 +647,17 @@ int main(int argc, char** argv) {
   if (argc == 5 && mode == "garbage")
     return flood(std::stoi(argv[2]), std::stoi(argv[3]), argv[4] == std::string("churn") ? 0 : 1,
                  "");
+  spdlog::set_default_logger(spdlog::stderr_logger_mt("peers_peer"));
+  monarch::peers::Limits limits;
+  if (argc >= 6 && mode == "bounded") {
+    limits.answer_bytes = std::stoull(argv[2]);
+    limits.answer_ms = unsigned(std::stoul(argv[3]));
+    argc -= 3;
+    argv += 3;
+  }
   if (argc != 3 && argc != 4) return 2;
-  auto handler = [](std::vector<char> request, Reply reply) {
+  Peers* self = nullptr;  // set before the first request
+  auto handler = [&self](std::vector<char> request, Reply reply) {
     if (request.empty()) return reply.send({});
     std::string rest(request.begin() + 1, request.end());
     switch (request[0]) {
@@ -606,16 +678,25 @@ int main(int argc, char** argv) {
         return;
       case 'x':
         throw std::runtime_error("handler failed");
+      case 'h': {
+        monarch::peers::Held h = self->held();
+        std::string text = std::to_string(h.answers) + " " + std::to_string(h.bytes) + " " +
+                           std::to_string(h.peak_answers) + " " + std::to_string(h.peak_bytes) +
+                           " " + std::to_string(h.busy) + " " + std::to_string(h.too_large);
+        return reply.send({text.begin(), text.end()});
+      }
     }
     reply.fail("unknown request");
   };
   Options options{.bind_address = "127.0.0.1",
                   .port = uint16_t(std::stoi(argv[1])),
                   .key = argv[2],
-                  .identity = "127.0.0.1"};
+                  .identity = "127.0.0.1",
+                  .limits = limits};
   if (argc == 4) options.hosts = {{"127.0.0.1", argv[3]}};
   std::string error;
   auto peers = Peers::start(std::move(options), handler, error);
+  self = peers.get();
   if (!peers) {
     fprintf(stderr, "peers_peer: %s\n", error.c_str());
     return 1;

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <mutex>
 #include <new>
 #include <set>
 #include <sstream>
@@ -111,16 +112,17 @@ struct PeersTest : ::testing::Test {
     client = start_client(kKey);
     ASSERT_TRUE(client);
   }
-  static std::unique_ptr<Peers> start_client(const std::string& key) {
+  static std::unique_ptr<Peers> start_client(const std::string& key,
+                                             const std::string& address = "127.0.0.1") {
     std::string error;
     auto peers = Peers::start(
-        {.bind_address = "127.0.0.1", .key = key, .identity = "127.0.0.1"},
+        {.bind_address = address, .key = key, .identity = address},
         [](std::vector<char>, Reply reply) { reply.fail("client only"); }, error);
     EXPECT_TRUE(peers) << error;
     return peers;
   }
   Status call(uint16_t port, const std::string& request, std::vector<char>& reply,
-              int timeout_ms = 5000, size_t max_reply = Peers::kDefaultMaxReply) {
+              int timeout_ms = 5000, size_t max_reply = kMaxAnswer) {
     return client->call("127.0.0.1", port, request, reply, timeout_ms, max_reply);
   }
   static Peer shared;
@@ -135,7 +137,7 @@ std::string pattern(size_t n, unsigned seed) {
 }
 
 // Requests are short (at most wire::kMaxRequest bytes: a longer one is an
-// error, never sent); answers of any size arrive whole.
+// error, never sent); answers of any size up to a piece (4 MiB) arrive whole.
 TEST_F(PeersTest, RoundTripsKeepEveryByteWhateverTheSize) {
   std::vector<char> reply;
   ASSERT_TRUE(call(shared.port, "", reply).ok());
@@ -149,7 +151,7 @@ TEST_F(PeersTest, RoundTripsKeepEveryByteWhateverTheSize) {
   }
   Status status = call(shared.port, "e" + pattern(wire::kMaxRequest, 1), reply);
   EXPECT_EQ(status.code, Code::error) << status.text;
-  for (size_t size : {size_t{64} << 10, size_t{8} << 20, size_t{32} << 20}) {
+  for (size_t size : {size_t{64} << 10, size_t{1} << 20, size_t{4} << 20}) {
     status = call(shared.port, "n" + std::to_string(size), reply);
     ASSERT_TRUE(status.ok()) << size << ": " << status.text;
     ASSERT_EQ(reply.size(), size);
@@ -157,11 +159,11 @@ TEST_F(PeersTest, RoundTripsKeepEveryByteWhateverTheSize) {
   }
 }
 
-// The file-read case: a short request, a long answer, received into the
-// caller's reused buffer. Prints the throughput.
+// The file-read case: a short request, a piece of 4 MiB in answer, received
+// into the caller's reused buffer. Prints the throughput.
 TEST_F(PeersTest, LongAnswersArriveWholeAndFast) {
-  const size_t size = 32 << 20;
-  const int rounds = 8;
+  const size_t size = 4 << 20;
+  const int rounds = 64;
   std::vector<char> reply;
   ASSERT_TRUE(call(shared.port, "n" + std::to_string(size), reply).ok());  // connected, warm
   auto t0 = Clock::now();
@@ -173,7 +175,7 @@ TEST_F(PeersTest, LongAnswersArriveWholeAndFast) {
   double seconds = ms_since(t0) / 1000.0;
   for (size_t i = 0; i < size; ++i)
     ASSERT_EQ(reply[i], static_cast<char>(i * 7 + 3)) << "byte " << i;
-  printf("[ throughput ] %d x 32 MiB answers: %.0f MB/s\n", rounds,
+  printf("[ throughput ] %d x 4 MiB answers: %.0f MB/s\n", rounds,
          rounds * size / 1e6 / std::max(seconds, 1e-3));
 }
 
@@ -205,15 +207,16 @@ TEST_F(PeersTest, EightThreadsCallAtOnce) {
 TEST_F(PeersTest, AnotherKeyIsNeverServed) {
   auto stranger = start_client("another-job");
   std::vector<char> reply;
-  Status status = stranger->call("127.0.0.1", shared.port, "e1", reply, 5000);
+  Status status = stranger->call("127.0.0.1", shared.port, "e1", reply, 5000, 1024);
   EXPECT_EQ(status.code, Code::unreachable) << status.text;
   EXPECT_NE(status.text.find("closed the connection before its welcome"), std::string::npos)
       << status.text;
   EXPECT_TRUE(reply.empty());
-  status = stranger->call("127.0.0.1", shared.port, "e2", reply, 5000);
+  status = stranger->call("127.0.0.1", shared.port, "e2", reply, 5000, 1024);
   EXPECT_NE(status.code, Code::ok) << "a stranger must never be answered";
   auto empty_key = start_client("");
-  EXPECT_EQ(empty_key->call("127.0.0.1", shared.port, "e3", reply, 5000).code, Code::unreachable);
+  EXPECT_EQ(empty_key->call("127.0.0.1", shared.port, "e3", reply, 5000, 1024).code,
+            Code::unreachable);
   // The job's own stagers are still served.
   ASSERT_TRUE(call(shared.port, "eok", reply).ok());
   EXPECT_EQ(std::string(reply.begin(), reply.end()), "ok");
@@ -225,7 +228,7 @@ TEST_F(PeersTest, RequestForAnotherStagerIsNotServed) {
   std::vector<char> reply;
   // "127.1" is 127.0.0.1 too, to the resolver, but not the peer's name: its
   // front door does not take the caller's proof.
-  Status status = client->call("127.1", shared.port, "eother", reply, 5000);
+  Status status = client->call("127.1", shared.port, "eother", reply, 5000, 1024);
   EXPECT_EQ(status.code, Code::unreachable) << status.text;
   EXPECT_NE(status.text.find("closed the connection before its welcome"), std::string::npos)
       << status.text;
@@ -362,7 +365,7 @@ TEST_F(PeersTest, ASessionReplacedByNewerOnesIsMadeAgain) {
   ASSERT_TRUE(call(server.port, "efirst", reply).ok());
   for (unsigned i = 0; i <= Limits{}.authenticated_per_source; ++i) {
     auto other = start_client(kKey);
-    ASSERT_TRUE(other->call("127.0.0.1", server.port, "e", reply, 5000).ok());
+    ASSERT_TRUE(other->call("127.0.0.1", server.port, "e", reply, 5000, 1024).ok());
   }
   // UCX may report the server's endpoint closed first (then the caller
   // forgets the session on that): this call fails or is served by a new one.
@@ -389,7 +392,7 @@ TEST_F(PeersTest, AChurnFromTheCallersAddressNeverMakesAHandshakeRefused) {
   while (ms_since(t0) < 3000) {
     auto fresh = start_client(kKey);  // a fresh handshake each time
     std::vector<char> reply;
-    Status status = fresh->call("127.0.0.1", server.port, "e", reply, 1000);
+    Status status = fresh->call("127.0.0.1", server.port, "e", reply, 1000, 1024);
     ++calls;
     ok += status.ok();
     if (status.code == Code::refused && !refused++) refusal = status.text;
@@ -432,7 +435,7 @@ TEST_F(PeersTest, ACallerFromAnotherAddressIsRejected) {
       {.bind_address = "127.0.0.1", .key = kKey, .identity = "node9"},
       [](std::vector<char>, Reply reply) { reply.fail("client only"); }, error);
   ASSERT_TRUE(impostor) << error;
-  status = impostor->call("127.0.0.1", loopback.port, "e", reply, 3000);
+  status = impostor->call("127.0.0.1", loopback.port, "e", reply, 3000, 1024);
   EXPECT_EQ(status.code, Code::unreachable) << status.text;
   EXPECT_NE(status.text.find("closed the connection before its welcome"), std::string::npos)
       << status.text;
@@ -472,13 +475,13 @@ TEST(PeersPorts, ASilentSquatterOnTheFirstCandidateCostsNothing) {
   EXPECT_EQ(server->port(), candidates[1]);
   std::vector<char> reply;
   auto t0 = Clock::now();
-  Status status = client->call("127.0.0.1", 0, "hello", reply, 1000);
+  Status status = client->call("127.0.0.1", 0, "hello", reply, 1000, 1024);
   ASSERT_TRUE(status.ok()) << status.text;
   EXPECT_EQ(std::string(reply.begin(), reply.end()), "hello");
   printf("[ squatted first port ] first call %ld ms (the squatter's share: 250 ms)\n",
          ms_since(t0));
   t0 = Clock::now();
-  ASSERT_TRUE(client->call("127.0.0.1", 0, "again", reply, 1000).ok());
+  ASSERT_TRUE(client->call("127.0.0.1", 0, "again", reply, 1000, 1024).ok());
   EXPECT_LT(ms_since(t0), 200) << "the session on the second port was not kept";
   close(squat);
 }
@@ -506,6 +509,291 @@ double cpu_of(pid_t pid) {
     if (i == 15) stime = std::stoul(field);
   }
   return double(utime + stime) / double(sysconf(_SC_CLK_TCK));
+}
+
+// /proc/PID/status's VmHWM (peak resident), in bytes.
+size_t hwm_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string word;
+  while (in >> word)
+    if (word == "VmHWM:") {
+      size_t kb = 0;
+      in >> kb;
+      return kb << 10;
+    }
+  return 0;
+}
+
+// One Peers of this process serving `echo` (its own text) on the first free
+// port of [low, high] for `key`; null with `error` when it cannot start.
+// A caller of the job has the range too, and listens elsewhere (`port`).
+std::unique_ptr<Peers> echo_server(const std::string& key, uint16_t low, uint16_t high,
+                                   const std::string& echo, std::string& error,
+                                   const char* identity = "127.0.0.1", uint16_t port = 0) {
+  return Peers::start(
+      {.bind_address = "127.0.0.1",
+       .port = port,
+       .port_low = low,
+       .port_high = high,
+       .key = key,
+       .identity = identity},
+      [echo](std::vector<char>, Reply reply) {
+        reply.send({echo.begin(), echo.end()});
+      },
+      error);
+}
+
+// A caller that never takes its answers (a node stopped, or cut off without
+// its connection failing) asks a stager 64 times for a piece of 4 MiB,
+// while two callers ask for pieces flat out, one asks allowing 1 byte and one
+// gives up after 1 ms. The stager holds at most Limits::answer_bytes (16 MiB
+// here) of answers at once: its peak memory grows by no more than that and
+// some slack (without the bound it held every answer sent to the stalled
+// caller: +260 MiB for 64, +388 MiB for 96). Callers past the bound are told
+// `busy`, nothing else fails, and once the stalled caller is gone its
+// answers are let go and calls are served again.
+TEST_F(PeersTest, ACallerThatTakesNoAnswerHoldsAtMostAnswerBytes) {
+  constexpr size_t kPiece = 4 << 20, kBound = 16 << 20, kSlack = 32 << 20;
+  Peer server = Peer::run({"bounded", std::to_string(kBound), "600000", "0", kKey});
+  ASSERT_NE(server.port, 0) << server.line;
+  const std::string piece = "n" + std::to_string(kPiece);
+  std::vector<char> reply;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(call(server.port, piece, reply).ok());
+  size_t hwm0 = hwm_of(server.pid);
+  Peer hog = Peer::run({"hog", std::to_string(server.port), kKey, "64", std::to_string(kPiece)});
+  EXPECT_EQ(hog.line, "asked\n");
+  std::atomic<int> served{0}, busy{0}, failed{0};
+  std::string failure;
+  std::mutex failure_mutex;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      // The one that gives up at once makes a session per call (it hears
+      // nothing): from an address of its own, as another node, so that its
+      // sessions replace only its own.
+      auto caller = start_client(kKey, t == 3 ? "127.0.0.3" : "127.0.0.1");
+      std::vector<char> r;
+      auto t0 = Clock::now();
+      while (ms_since(t0) < 3000) {
+        // 0, 1: flat out; 2: takes at most 1 byte; 3: waits 1 ms.
+        Status st = caller->call("127.0.0.1", server.port, piece, r, t == 3 ? 1 : 5000,
+                                 t == 2 ? 1 : kMaxAnswer);
+        if (t >= 2) continue;
+        if (st.ok() && r.size() == kPiece) {
+          ++served;
+        } else if (st.code == Code::error && st.text.find("busy") != std::string::npos) {
+          ++busy;
+        } else {
+          ++failed;
+          std::lock_guard lock(failure_mutex);
+          failure = st.text;
+        }
+      }
+    });
+  for (auto& t : threads) t.join();
+  size_t hwm1 = hwm_of(server.pid);
+  hog.stop();
+  auto t0 = Clock::now();
+  Status st;
+  while (!(st = call(server.port, piece, reply)).ok() && ms_since(t0) < 10000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(st.ok()) << "not served once the stalled caller is gone: " << st.text;
+  long back_ms = ms_since(t0);
+  ASSERT_TRUE(call(server.port, "h", reply).ok());
+  Held held;
+  std::istringstream(std::string(reply.begin(), reply.end())) >> held.answers >> held.bytes >>
+      held.peak_answers >> held.peak_bytes >> held.busy >> held.too_large;
+  printf(
+      "[ stalled caller ] stager VmHWM +%zu MiB (bound %zu MiB); answers held at most %llu, "
+      "%llu MiB; %llu answered busy; the flat-out callers: %d served, %d busy, %d failed; served "
+      "again %ld ms after the stalled caller went\n",
+      (hwm1 - hwm0) >> 20, kBound >> 20, (unsigned long long)held.peak_answers,
+      (unsigned long long)(held.peak_bytes >> 20), (unsigned long long)held.busy, served.load(),
+      busy.load(), failed.load(), back_ms);
+  EXPECT_EQ(failed, 0) << failure;
+  EXPECT_LE(held.peak_bytes, kBound);
+  EXPECT_GE(held.peak_bytes, kBound - kPiece) << "the stalled caller never filled the bound";
+  EXPECT_GT(held.busy, 0u);
+  EXPECT_EQ(held.answers, 0u) << "answers still counted once all were done with";
+  EXPECT_EQ(held.bytes, 0u);
+  EXPECT_LT(hwm1 - hwm0, kBound + kSlack);
+  server.stop();
+}
+
+// The same stalled caller, alive: once its answers have waited
+// Limits::answer_ms (3 s here), its session ends, its answers are let go, and
+// the others are served again.
+TEST_F(PeersTest, AStalledCallersAnswersAreLetGoAfterAnswerMs) {
+  constexpr size_t kPiece = 4 << 20, kBound = 16 << 20;
+  Peer server = Peer::run({"bounded", std::to_string(kBound), "3000", "0", kKey});
+  ASSERT_NE(server.port, 0) << server.line;
+  const std::string piece = "n" + std::to_string(kPiece);
+  std::vector<char> reply;
+  ASSERT_TRUE(call(server.port, piece, reply).ok());
+  Peer hog = Peer::run({"hog", std::to_string(server.port), kKey, "32", std::to_string(kPiece)});
+  ASSERT_EQ(hog.line, "asked\n");
+  Status st = call(server.port, piece, reply);
+  EXPECT_NE(st.text.find("busy"), std::string::npos) << "the stalled caller held no answer";
+  auto t0 = Clock::now();
+  while (!(st = call(server.port, piece, reply)).ok() && ms_since(t0) < 20000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(st.ok()) << st.text;
+  EXPECT_EQ(reply.size(), kPiece);
+  EXPECT_EQ(waitpid(hog.pid, nullptr, WNOHANG), 0) << "the stalled caller went";
+  printf(
+      "[ stalled caller ] served again %ld ms after told busy (answer_ms 3000), it still alive\n",
+      ms_since(t0));
+  hog.stop();
+  server.stop();
+}
+
+// An answer over Limits::max_answer (a handler's bug) is refused: its caller
+// gets `error`, whatever it allowed, and the stager serves on. A Peers whose
+// max_answer exceeds its answer_bytes does not start.
+TEST_F(PeersTest, AnAnswerOverMaxAnswerIsRefusedAndTheStagerServesOn) {
+  std::vector<char> reply;
+  Status st = call(shared.port, "n" + std::to_string(kMaxAnswer + 1), reply, 5000, 2 * kMaxAnswer);
+  EXPECT_EQ(st.code, Code::error) << st.text;
+  EXPECT_NE(st.text.find("more than the " + std::to_string(kMaxAnswer) + " one may be"),
+            std::string::npos)
+      << st.text;
+  EXPECT_TRUE(reply.empty());
+  st = call(shared.port, "n" + std::to_string(kMaxAnswer), reply);
+  ASSERT_TRUE(st.ok()) << st.text;
+  EXPECT_EQ(reply.size(), kMaxAnswer);
+  ASSERT_TRUE(call(shared.port, "h", reply).ok());
+  Held held;
+  std::istringstream(std::string(reply.begin(), reply.end())) >> held.answers >> held.bytes >>
+      held.peak_answers >> held.peak_bytes >> held.busy >> held.too_large;
+  EXPECT_GE(held.too_large, 1u);
+
+  std::string error;
+  auto bad = Peers::start(
+      {.bind_address = "127.0.0.1",
+       .key = kKey,
+       .identity = "x",
+       .limits = {.answer_bytes = 1 << 20}},
+      [](std::vector<char>, Reply) {}, error);
+  EXPECT_FALSE(bad);
+  EXPECT_NE(error.find("could never be sent"), std::string::npos) << error;
+}
+
+// The job's port candidates: the whole range in an order of the key's when
+// it is small, kPortCandidates distinct ports of it when large; each key its
+// own order.
+TEST(PeersPorts, CandidatesAreTheKeysOrderOfTheRange) {
+  auto a = wire::port_candidates("key-a", 30000, 30009);
+  auto sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<uint16_t> range;
+  for (uint16_t p = 30000; p <= 30009; ++p) range.push_back(p);
+  EXPECT_EQ(sorted, range);
+  EXPECT_EQ(a, wire::port_candidates("key-a", 30000, 30009));
+  EXPECT_NE(a, wire::port_candidates("key-b", 30000, 30009));
+  auto wide = wire::port_candidates("key-a", 1024, 65535);
+  EXPECT_EQ(wide.size(), wire::kPortCandidates);
+  EXPECT_EQ(std::set<uint16_t>(wide.begin(), wide.end()).size(), wide.size());
+  for (uint16_t p : wide) EXPECT_GE(p, 1024);
+  EXPECT_TRUE(wire::port_candidates("key-a", 0, 10).empty());
+  EXPECT_TRUE(wire::port_candidates("key-a", 10, 9).empty());
+  EXPECT_EQ(wire::port_candidates("key-a", 65535, 65535), std::vector<uint16_t>{65535});
+}
+
+// Two jobs on one node, a range of two ports, their keys' first candidates
+// the same: both listen (the second on its other candidate), and each job's
+// caller reaches its own job's stager, the second after one try at the other
+// job's. A third job finds the range taken and does not start, saying so.
+TEST(PeersPorts, TwoJobsOnARangeOfTwoPortsEachReachTheirOwn) {
+  const uint16_t low = 23170, high = 23171;
+  const std::string key_a = "job-a-secret";
+  std::string key_b;
+  for (int i = 0; key_b.empty() || wire::port_candidates(key_b, low, high)[0] !=
+                                       wire::port_candidates(key_a, low, high)[0];
+       ++i)
+    key_b = "job-b-secret-" + std::to_string(i);
+  std::string error;
+  auto a = echo_server(key_a, low, high, "job a", error);
+  ASSERT_TRUE(a) << error;
+  auto b = echo_server(key_b, low, high, "job b", error);
+  ASSERT_TRUE(b) << error;
+  EXPECT_EQ(a->port(), wire::port_candidates(key_a, low, high)[0]);
+  EXPECT_EQ(b->port(), wire::port_candidates(key_b, low, high)[1]);
+  for (const auto& [key, echo] : {std::pair{key_a, "job a"}, {key_b, "job b"}}) {
+    auto caller = echo_server(key, low, high, "", error, "caller", 23180);
+    ASSERT_TRUE(caller) << error;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<char> reply;
+      Status st = caller->call("127.0.0.1", 0, "x", reply, 2000, 64);
+      ASSERT_TRUE(st.ok()) << echo << ", call " << i << ": " << st.text;
+      EXPECT_EQ(std::string(reply.begin(), reply.end()), echo);
+    }
+  }
+  auto c = echo_server("job-c-secret", low, high, "job c", error);
+  EXPECT_FALSE(c);
+  EXPECT_NE(error.find("all 2 of the job's port candidates are taken"), std::string::npos) << error;
+}
+
+// The first 20 of a job's 40 candidates taken on the node (bound by another
+// program, not listening: a connection there is refused at once): the stager
+// listens on its 21st. A caller's first call tries 16 candidates and fails,
+// saying so; its next call goes on from there and is served; later calls
+// go straight to the port that proved the key.
+TEST(PeersPorts, ACallerGoesOnWhereItsLastCallLeftOff) {
+  const uint16_t low = 23200, high = 23239;
+  const std::string key = "job-search-secret";
+  auto candidates = wire::port_candidates(key, low, high);
+  ASSERT_EQ(candidates.size(), 40u);
+  std::vector<int> taken;
+  for (size_t i = 0; i < 20; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{.sin_family = AF_INET,
+                  .sin_port = htons(candidates[i]),
+                  .sin_addr = {htonl(INADDR_LOOPBACK)}};
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0)
+        << candidates[i] << ": " << strerror(errno);
+    taken.push_back(fd);
+  }
+  std::string error;
+  auto server = echo_server(key, low, high, "found", error);
+  ASSERT_TRUE(server) << error;
+  EXPECT_EQ(server->port(), candidates[20]);
+  auto caller = echo_server(key, low, high, "", error, "caller", 23190);
+  ASSERT_TRUE(caller) << error;
+  std::vector<char> reply;
+  Status st = caller->call("127.0.0.1", 0, "x", reply, 5000, 64);
+  EXPECT_EQ(st.code, Code::unreachable) << st.text;
+  EXPECT_NE(st.text.find("16 of the job's 40 port candidates tried"), std::string::npos) << st.text;
+  for (int i = 0; i < 2; ++i) {
+    st = caller->call("127.0.0.1", 0, "x", reply, 5000, 64);
+    ASSERT_TRUE(st.ok()) << "call " << i << ": " << st.text;
+    EXPECT_EQ(std::string(reply.begin(), reply.end()), "found");
+  }
+  for (int fd : taken) close(fd);
+}
+
+// With the job's nodes given (Options::hosts), a name not among them is
+// `unreachable` without a name lookup (one could hang); `localhost`, which
+// resolves here, shows it: without hosts it is looked up and called.
+TEST_F(PeersTest, ANameNotAmongTheJobsNodesIsNeverLookedUp) {
+  std::string error;
+  auto with_hosts = Peers::start(
+      {.bind_address = "127.0.0.1",
+       .key = kKey,
+       .identity = "127.0.0.1",
+       .hosts = {{"127.0.0.1", "127.0.0.1"}}},
+      [](std::vector<char>, Reply reply) { reply.fail("client"); }, error);
+  ASSERT_TRUE(with_hosts) << error;
+  std::vector<char> reply;
+  Status st = with_hosts->call("localhost", shared.port, "e", reply, 2000, 64);
+  EXPECT_EQ(st.code, Code::unreachable) << st.text;
+  EXPECT_NE(st.text.find("never looked up"), std::string::npos) << st.text;
+  st = with_hosts->call("127.0.0.1", shared.port, "eyes", reply, 2000, 64);
+  EXPECT_TRUE(st.ok()) << st.text;
+  // Without hosts: resolved and called (the peer, named 127.0.0.1, then
+  // closes the door on a caller that asked for "localhost").
+  st = client->call("localhost", shared.port, "e", reply, 2000, 64);
+  EXPECT_EQ(st.text.find("never looked up"), std::string::npos) << st.text;
+  EXPECT_NE(st.text.find("closed the connection"), std::string::npos) << st.text;
 }
 
 // The TCP ports `pid` listens on (its sockets in /proc/net/tcp, LISTEN).
@@ -668,7 +956,7 @@ TEST_F(PeersTest, UnderASoftLimitOf1024GarbageOnUcxsListenerLeavesNewCallersServ
   // New callers: each needs UCX's listener to take its endpoint.
   for (int i = 0; i < 3; ++i) {
     auto fresh = start_client(kKey);
-    Status status = fresh->call("127.0.0.1", server.port, "enew", reply, 5000);
+    Status status = fresh->call("127.0.0.1", server.port, "enew", reply, 5000, 1024);
     ASSERT_TRUE(status.ok()) << "caller " << i << " after the garbage: " << status.text;
   }
   server.stop();
@@ -686,7 +974,7 @@ TEST_F(PeersTest, AnswersAboveMaxReplyAreErrorsNeverAllocated) {
 
   std::vector<char> fresh;
   largest_allocation = 0;
-  status = call(shared.port, "n" + std::to_string(32 << 20), fresh, 5000, 1 << 20);
+  status = call(shared.port, "n" + std::to_string(4 << 20), fresh, 5000, 1 << 20);
   EXPECT_EQ(status.code, Code::error) << status.text;
   EXPECT_NE(status.text.find("more than the 1048576 asked for"), std::string::npos) << status.text;
   EXPECT_LT(largest_allocation.load(), size_t{1} << 20);
@@ -813,7 +1101,7 @@ TEST(PeersDefaults, TransportsNeedNoSharedMemory) {
   ASSERT_TRUE(server && client) << error;
   std::string payload(1 << 20, 'z');
   std::vector<char> reply;
-  Status status = client->call("127.0.0.1", server->port(), "z", reply, 5000);
+  Status status = client->call("127.0.0.1", server->port(), "z", reply, 5000, 1 << 20);
   ASSERT_TRUE(status.ok()) << status.text;
   EXPECT_TRUE(std::equal(reply.begin(), reply.end(), payload.begin(), payload.end()));
 }
@@ -840,7 +1128,7 @@ TEST_F(PeersTest, IPv6IsAClearErrorNeverAConnection) {
   EXPECT_EQ(v6, nullptr);
   EXPECT_NE(error.find("'::1' to an IPv4 address"), std::string::npos) << error;
   std::vector<char> reply;
-  Status status = client->call("::1", shared.port, "e", reply, 3000);
+  Status status = client->call("::1", shared.port, "e", reply, 3000, 1024);
   EXPECT_EQ(status.code, Code::unreachable) << status.text;
   EXPECT_NE(status.text.find("IPv4 only"), std::string::npos) << status.text;
 }
