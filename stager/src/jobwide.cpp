@@ -40,11 +40,14 @@ constexpr uint64_t kPassOnPatienceNs = 30'000'000'000;
 // A node asked for a piece of the index it does not hold yet answers
 // "pending" once it has waited this long for it (the bytes it relays arrive
 // meanwhile), and is asked again at once. Each call waits at most
-// kIndexCallMs; after a call that failed, the asking node waits 20 ms,
+// kIndexCallMs, and at least kIndexMinCallMs even when less of the fetch's
+// time is left (a shorter call gives up on a piece already under way, which
+// is then sent again); after a call that failed, the asking node waits 20 ms,
 // doubled each time up to kIndexRetryMs.
 constexpr uint64_t kIndexPollNs = 50'000'000;
 constexpr uint64_t kIndexRetryMs = 100;
 constexpr uint64_t kIndexCallMs = 1000;
+constexpr uint64_t kIndexMinCallMs = 250;
 // A wire form larger than this is no index (a map's file is far smaller).
 constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 44;
 
@@ -454,9 +457,9 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
     Request r{.type = kIndex, .off = have, .len = opt_.piece_bytes};
     std::string_view request(reinterpret_cast<char*>(&r), sizeof r);
     uint64_t left_ms = deadline > now_ns() ? (deadline - now_ns()) / 1'000'000 : 0;
-    peers::Status st =
-        net_->call(node, 0, request, reply, int(std::clamp<uint64_t>(left_ms, 1, kIndexCallMs)),
-                   sizeof(IndexPiece) + opt_.piece_bytes + 1);
+    peers::Status st = net_->call(node, 0, request, reply,
+                                  int(std::clamp<uint64_t>(left_ms, kIndexMinCallMs, kIndexCallMs)),
+                                  sizeof(IndexPiece) + opt_.piece_bytes + 1);
     char answer = st.ok() && !reply.empty() ? reply.back() : 0;
     bool alive = st.ok() || st.code == peers::Code::error || st.code == peers::Code::busy;
     if (alive) {  // it holds the job's key
