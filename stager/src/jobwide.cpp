@@ -313,10 +313,22 @@ void JobWide::serve_index(const Request& r, peers::Reply& reply) {
   }
   lock.lock();
   // Given up for another index meanwhile (the file was rewritten): ask again.
-  if (done < len || version != held_.version) {
+  if (version != held_.version) {
     out.resize(sizeof p);
     out.push_back(kPending);
     return reply.send(std::move(out));
+  }
+  // The file lost bytes it had (edited, truncated, a read error): this node
+  // holds no index to send, and says so, so that its askers ask another.
+  if (done < len) {
+    if (!held_.unavailable)
+      spdlog::warn(
+          "{} in the job directory cannot be read back at byte {}: the other nodes take "
+          "the index from another node",
+          kIndexWireName, r.off + done);
+    held_.unavailable = true;
+    held_.cv.notify_all();
+    return reply.send({kUnavailable});
   }
   lock.unlock();
   out.back() = kBytes;
@@ -492,6 +504,7 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
         held_.cv.notify_all();
         continue;
       }
+      held_.sole = held_.have == 0 || held_.sole == from ? from : -1;
       held_.have += n;
       held_.cv.notify_all();
       counters_[s_index_bytes_in].fetch_add(n, std::memory_order_relaxed);
@@ -512,11 +525,15 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
         counters_[s_index_ms] = (now_ns() - start_ns_) / 1'000'000;
         return IndexFile{held_.fd, held_.total};
       }
-      // Not the index its pieces said: received again, from another node.
+      // Not the index its pieces said: received again from its start. The
+      // node that sent it all is out; of pieces from several, none is
+      // blamed (the next whole copy from one node tells).
+      int sole = held_.sole;
       held_.total = held_.have = 0;
       held_.version++;
       lock.unlock();
-      fail(from, {peers::Code::error, "the index it sent does not match its SHA-256"});
+      if (sole >= 0)
+        fail(sole, {peers::Code::error, "the index it sent does not match its SHA-256"});
       continue;
     }
     if (answer == kPending) {

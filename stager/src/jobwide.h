@@ -244,7 +244,8 @@ class JobWide : public PeerSource {
     int fd = -1;  // kIndexWireName in wire_dir
     uint64_t total = 0, have = 0, version = 0;
     unsigned char digest[32] = {};
-    bool unavailable = false;  // it cannot be kept here: askers are told so
+    bool unavailable = false;  // it cannot be kept or read back here: askers are told so
+    int sole = -1;             // the node that sent every piece held, if one did
     void* sha = nullptr;       // the receiver's running SHA-256 (EVP_MD_CTX)
   } held_;
   uint64_t start_ns_ = 0;

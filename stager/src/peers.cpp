@@ -1748,6 +1748,10 @@ Status Peers::call(const std::string& host, uint16_t port, std::string_view requ
       auto share = left == 1 ? deadline
                              : std::min(now + (deadline - now) / long(std::min<size_t>(left, 4)),
                                         now + std::chrono::milliseconds(250));
+      // Never a share too short for a handshake: a short call tries fewer
+      // candidates (the next call goes on from there), so that squatters on
+      // the candidates before a job's port cannot leave it slivers of every call.
+      share = std::min(std::max(share, now + std::chrono::milliseconds(kMinTryMs)), deadline);
       status = engine->session_for(host, ports[tried], share, call->session);
       if (status.ok()) call->peer = host + ":" + std::to_string(ports[tried]);
       if (status.code == Code::error) return status;

@@ -305,6 +305,7 @@ constexpr size_t kMaxAddress = 4096;     // a UCX worker address, at most
 // worth; a node finds all 64 taken only when as many ports of the range are.
 constexpr unsigned kPortCandidates = 64;
 constexpr unsigned kTriesPerCall = 16;
+constexpr unsigned kMinTryMs = 10;  // a candidate's least share of a call
 enum : uint32_t { kAnswerOk = 0, kAnswerError = 1, kAnswerBusy = 2 };
 
 // Front door, server to caller at accept.

@@ -619,6 +619,31 @@ TEST_F(ElectionTest, ARelayThatDiesMidwayIsLeftAndTheRestComesFromItsParent) {
   node->stop();
 }
 
+// A relay whose index.wire lost its bytes (the user's own file on the first
+// tier, truncated; or a read error of the tier) says it has no index to send:
+// its children take it from its parent at once, instead of waiting for it
+// until start_timeout and walking alone (found by review).
+TEST_F(ElectionTest, ARelayWhoseIndexFileWasTruncatedIsLeftForItsParent) {
+  job.nodes = {"127.0.0.1", other.address, "127.0.0.2", "127.0.0.3"};
+  job.timeout_ms = 1000;
+  nodes[0] = std::make_unique<Node>(root, dir / "tier0", 0, job);
+  nodes[1] = std::make_unique<Node>(root, dir / "tier1", 1, job);
+  ASSERT_EQ(nodes[1]->counters[s_index_received].load(), 1u);
+  std::string walked = index_wire(nodes[0]->map.map());
+  ASSERT_EQ(truncate((dir / "tier1" / kIndexWireName).c_str(), 0), 0) << strerror(errno);
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  std::string error, why;
+  bool final = false;
+  std::unique_ptr<JobWide> node = caller(3, counters, error);
+  ASSERT_TRUE(node) << error;
+  std::optional<IndexFile> wire = node->fetch_index(kIndexWaitMs, why, final);
+  ASSERT_TRUE(wire) << why;
+  EXPECT_TRUE(contents(wire->fd, wire->size) == walked);
+  EXPECT_EQ(counters[s_index_source].load(), 1u) << "not from node 0";
+  EXPECT_EQ(counters[s_peers_failed].load(), 1u) << "node 1 not left";
+  node->stop();
+}
+
 // The memory a process has held at most, and holds now (bytes), from
 // /proc/PID/status.
 uint64_t status_kib(pid_t pid, const char* field) {
