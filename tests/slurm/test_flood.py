@@ -52,17 +52,8 @@ def rss(pid):
     return 0
 
 
-class Flood(st.SlurmTest):
+class Flood(jw.JobWideCase):
     # test_jobwide's job, dataset and reports; none of its tests.
-    setUpClass = classmethod(jw.JobWide.setUpClass.__func__)
-    def setUp(self):
-        st.SlurmTest.setUp(self)
-        if len(st.MULTI) < 3:
-            self.skipTest("needs 3 namespaced nodes (MONARCH_TEST_NODES)")
-
-    run_job = jw.JobWide.run_job
-    reports = jw.JobWide.reports
-
     def test_flood_without_the_key(self):
         if not os.access(FLOODER, os.X_OK):
             self.skipTest(f"no {FLOODER} (build the unit tests)")
