@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <utility>
 
 namespace monarch {
@@ -40,5 +42,30 @@ class Fd {
  private:
   int fd_ = -1;
 };
+
+// pread and pwrite of all `len` bytes at `off`, EINTR retried: the bytes
+// done, fewer at an error (errno says which), at the end of the file
+// (pread), or when nothing could be written (pwrite: errno ENOSPC).
+inline size_t pread_full(int fd, void* buf, size_t len, uint64_t off) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pread(fd, static_cast<char*>(buf) + done, len - done, off_t(off + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  return done;
+}
+inline size_t pwrite_full(int fd, const void* buf, size_t len, uint64_t off) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pwrite(fd, static_cast<const char*>(buf) + done, len - done, off_t(off + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = ENOSPC;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  return done;
+}
 
 }  // namespace monarch

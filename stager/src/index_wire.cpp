@@ -13,6 +13,8 @@
 #include <new>
 #include <stdexcept>
 
+#include "fd.h"
+
 namespace monarch {
 namespace {
 
@@ -106,13 +108,7 @@ MappedMap build_index_from(const IndexOptions& opt, std::string_view wire, Index
 MappedMap build_index_from(const IndexOptions& opt, int fd, uint64_t size, IndexStats& stats,
                            const std::function<void(JobMap&)>& before_publish) {
   auto read = [fd](uint64_t off, char* dst, size_t len) {
-    for (size_t done = 0; done < len;) {
-      ssize_t n = pread(fd, dst + done, len - done, off_t(off + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      done += size_t(n);
-    }
-    return true;
+    return pread_full(fd, dst, len, off) == len;
   };
   return build_index_from(opt, size, read, stats, before_publish);
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 
+#include "fd.h"
 #include "resolve.h"
 
 namespace monarch {
@@ -218,14 +219,7 @@ void JobWide::write_index(const JobMap& map) {
   uint64_t total = 0;
   index_wire_chunks(map, [&](const char* p, size_t n) {
     if (closing_) ok = false, err = ECANCELED;
-    for (size_t done = 0; ok && done < n;) {
-      ssize_t w = pwrite(fd, p + done, n - done, off_t(total + done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0)
-        ok = false, err = w < 0 ? errno : ENOSPC;
-      else
-        done += size_t(w);
-    }
+    if (ok && pwrite_full(fd, p, n, total) != n) ok = false, err = errno;
     ok = ok && EVP_DigestUpdate(sha, p, n) == 1;
     total += n;
   });
@@ -304,13 +298,7 @@ void JobWide::serve_index(const Request& r, peers::Reply& reply) {
   lock.unlock();
   out.resize(sizeof p + len + 1);
   std::memcpy(out.data(), &p, sizeof p);
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = pread(fd, out.data() + sizeof p + done, len - done, off_t(r.off + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += size_t(n);
-  }
+  size_t done = pread_full(fd, out.data() + sizeof p, len, r.off);
   lock.lock();
   // Given up for another index meanwhile (the file was rewritten): ask again.
   if (version != held_.version) {
@@ -491,13 +479,7 @@ std::optional<IndexFile> JobWide::fetch_index(uint64_t wait_ms, std::string& why
       std::unique_lock lock(held_.mu);
       if (held_.have != p.off) continue;  // another index: from its start
       const char* bytes = reply.data() + sizeof p;
-      bool ok = true;
-      for (size_t done = 0; ok && done < n;) {
-        ssize_t w = pwrite(held_.fd, bytes + done, n - done, off_t(p.off + done));
-        if (w < 0 && errno == EINTR) continue;
-        ok = w > 0;
-        done += ok ? size_t(w) : 0;
-      }
+      bool ok = pwrite_full(held_.fd, bytes, n, p.off) == n;
       auto* sha = static_cast<EVP_MD_CTX*>(held_.sha);
       if (!ok || EVP_DigestUpdate(sha, bytes, n) != 1) {
         held_.unavailable = true;
