@@ -93,6 +93,7 @@ FdEntry* track(int fd, JobMap* m, uint32_t file, Kind kind) {
   e->map = m;
   e->dev = e->ino = 0;
   e->whole = nullptr;
+  e->stream_from = 0;
   e->kind.store(kind, std::memory_order_release);
   return e;
 }
@@ -132,6 +133,7 @@ void duplicate(FdEntry* from, int to) {
   e->gave_up = from->gave_up;
   e->placed = from->placed;
   e->stream = false;
+  e->stream_from = 0;
   e->switched = from->switched;
   e->lock.clear();
   e->file = from->file;

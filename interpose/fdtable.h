@@ -53,15 +53,16 @@ struct FdEntry {
   bool shared;    // dup'd or inherited: the offset may move under us, read() is not emulated
   bool gave_up;   // kPfs: never served from a copy again (stall, version, failure)
   bool placed;    // kPfs: a kPlace was sent for it
-  bool stream;    // opened by fopen: reads are not seen, the offset is counted at fclose
+  bool stream;    // a stdio stream's (fopen, fdopen): reads are not seen, counted at fclose
   bool switched;  // kPfs: already counted as reading from a finished copy
   bool direct;    // kLocal: O_DIRECT set since open: reads are made on the PFS file
   std::atomic_flag lock;  // kPfs: emulated read() and lseek of one descriptor, between threads
   uint32_t file;
   uint32_t ofd;  // the open file (kernel's open file description): shared by duplicates
   JobMap* map;
-  uint64_t dev, ino;  // kLocal: the copy's identity, checked before the table is believed
-  Whole* whole;       // kPfs: the bytes read whole at open, or null
+  uint64_t dev, ino;     // kLocal: the copy's identity, checked before the table is believed
+  Whole* whole;          // kPfs: the bytes read whole at open, or null
+  uint64_t stream_from;  // stream: the offset it started reading at
 };
 
 constexpr int kChunkBits = 10, kChunks = 1024;  // descriptors below 2^20 are tracked
