@@ -14,7 +14,7 @@ import tempfile
 import unittest
 
 from harness import (AFTER_INDEX, PY, READER, SMALL, Case, Pfs, conf_file, dataset, dataset_bytes,
-                     epoch_deltas, md5_file, read_dataset, reference, run, tier)
+                     epoch_deltas, md5_file, parse_epochs, reference, run, tier)
 
 # sh -c's script that runs the rest of its arguments in directory $0.
 IN_DIR = ["sh", "-c", 'cd "$0" && exec "$@"']
@@ -39,14 +39,16 @@ class Paths(Case):
         conf = conf_file(self, tier(self), quota="100%", copy_fast_dataset="yes")
         return ["--dataset", given, "--config", conf]
 
-    def check_served(self, pfs, given, read_as, cwd=None):
+    def check_served(self, pfs, given, read_as, cwd=None, prefix=None):
         """Reads the dataset as `read_as` (in `cwd` when given) through
         monarch-run with the dataset given as `given`; the direct read's
-        bytes, and epochs 2-3 served from the tier."""
+        bytes, and epochs 2-3 served from the tier. `prefix`: the reader's
+        command up to its root argument (default: python reader.py)."""
         before = pfs.counts()
-        prefix = AFTER_INDEX + (IN_DIR + [cwd] if cwd else [])
-        epochs, p = read_dataset(read_as, "read", monarch=self.opts(given), counts=pfs.counts_file,
-                                 prefix=prefix)
+        args = (AFTER_INDEX + (IN_DIR + [cwd] if cwd else []) + (prefix or [PY, READER]) +
+                [read_as, "--mode", "read", "--epochs", "3", "--counts", pfs.counts_file])
+        p = run(args, monarch=self.opts(given))
+        epochs = parse_epochs(p.stdout)
         self.assertSameBytes(epochs, self.ref)
         d = epoch_deltas(before, epochs)
         for e in (1, 2):
@@ -78,6 +80,24 @@ class Paths(Case):
                 self.check_served(pfs, pfs.dataset, bind)
             finally:
                 subprocess.run(["umount", bind], check=True)
+
+    def test_bind_mount_made_after_the_process_found_the_dataset(self):
+        # The reader lists the dataset as given (its job map loaded, its
+        # views found), then binds it elsewhere and reads it there: the
+        # mount is not among the views it found.
+        with Pfs(self.root) as pfs:
+            bind = os.path.join(self.scratch(), "bound")
+            os.mkdir(bind)
+            script = ("import os, runpy, subprocess, sys\n"
+                      "os.listdir(sys.argv[1])\n"
+                      "subprocess.run(['mount', '--bind', sys.argv[1], sys.argv[2]], check=True)\n"
+                      "sys.argv = sys.argv[3:]\n"
+                      "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+            try:
+                self.check_served(pfs, pfs.dataset, bind,
+                                  prefix=[PY, "-c", script, pfs.dataset, bind, READER])
+            finally:
+                subprocess.run(["umount", bind], stderr=subprocess.DEVNULL)
 
     def test_relative_paths_current_directory_inside_the_link(self):
         with Pfs(self.root) as pfs:
