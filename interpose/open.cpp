@@ -310,9 +310,16 @@ int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass)
       (flags & O_TMPFILE) == O_TMPFILE) {
     int fd = pass();
     if (fd >= 0) untrack(fd);  // a number reused behind Monarch's back
+    if (fd >= 0) reached(r, dirfd, path, flags, fd, false);  // a dataset file by another path?
     return fd;
   }
   return open_file(m, r, dirfd, path, flags, pass);
+}
+
+void serve_opened(JobMap* m, uint32_t file, int dirfd, const char* path, int fd, bool stream) {
+  bool failed;
+  State s = open_state(m, file, dirfd, path, failed);
+  if (!failed) opened_pfs(m, file, s, fd, stream);
 }
 
 FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
@@ -336,6 +343,8 @@ FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
   if (r.where != Where::kFile) {
     FILE* f = pass();
     if (f) untrack(fileno(f));
+    if (f)
+      reached(r, AT_FDCWD, path, O_RDONLY, fileno(f), true);  // a dataset file by another path?
     return f;
   }
   // The stream itself is glibc's own, made by its fopen (flags, close-on-exec,

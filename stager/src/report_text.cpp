@@ -136,19 +136,33 @@ std::string cached_and_notes(const Figures& f, size_t first = 0) {
   return o.str();
 }
 
-// A job none of whose processes used Monarch: no share, epoch or verdict
-// (nothing of the job was seen); what the stager did, and why, instead.
-std::string unused_summary(const Figures& f) {
+// A job none of whose processes used Monarch, or whose processes opened no
+// dataset file through it: no share, epoch or verdict (nothing of the job
+// was seen); `why`, then what the stager did and the notes from `first`.
+std::string unused_summary(const Figures& f, const std::string& why, size_t first) {
   const Traffic& t = f.total;
   std::ostringstream o;
-  o << "  " << f.fallbacks[0].text << "\n";
+  o << "  " << why << "\n";
   o << "  the stager's copies meanwhile: " << count(t.pfs_opens - t.job_pfs_opens) << " opens, "
     << count(t.pfs_reads - t.job_pfs_reads) << " reads, " << human_bytes(t.stager_pfs_bytes)
     << " from the PFS"
     << (t.stager_pfs_bytes > 0 ? " (stage-ahead's first window: it goes further only as readers "
                                  "read)\n"
                                : "\n");
-  return o.str() + cached_and_notes(f, 1);
+  return o.str() + cached_and_notes(f, first);
+}
+
+// The one line for a job whose processes loaded the job map but never
+// opened a dataset file through Monarch.
+std::string untouched(const Figures& f) {
+  return "the job opened no dataset file through Monarch, though " +
+         (f.attached > 0 ? count(f.attached) + " of its processes" : std::string("its processes")) +
+         " loaded the job map: it read the dataset, if at all, by a path Monarch did not "
+         "recognise as the dataset (another mount of its file system, a copy, a path relative "
+         "to a directory descriptor), from the PFS; read it through " +
+         f.dataset +
+         ", a symbolic link to it or a bind mount of it, or give as the dataset "
+         "the directory the program reads";
 }
 
 }  // namespace
@@ -215,7 +229,8 @@ std::string summary_text(const std::string& json) {
   o << "monarch: " << f.title << (f.host.empty() ? "" : " on " + f.host) << ", dataset "
     << f.dataset << " (" << count(f.files) << " files, " << human_bytes(f.dataset_bytes) << ")"
     << (f.complete ? "" : " [incomplete]") << "\n";
-  if (!f.used_monarch) return o.str() + unused_summary(f);
+  if (!f.used_monarch) return o.str() + unused_summary(f, f.fallbacks[0].text, 1);
+  if (t.opens == 0 && t.reads == 0) return o.str() + unused_summary(f, untouched(f), 0);
   // First what a user wants to know, then the detail.
   o << "  epoch times: " << epoch_times(f.epochs) << "\n";
   o << "  served from node-local tiers: " << pct(t.local_bytes, t.bytes) << " of the bytes read, "
