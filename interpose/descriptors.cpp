@@ -47,7 +47,7 @@ int on_fclose(FILE* f, Pass<int> pass) {
       // At most the file: a stream seeked past its end read nothing there.
       off_t pos = real::lseek(fd, 0, SEEK_CUR);
       uint64_t n = pos > 0 ? std::min<uint64_t>(uint64_t(pos), e->map->entry(e->file).size) : 0;
-      if (n) count_read(e, e->kind.load() == kLocal ? Source::kLocal : Source::kStream, ssize_t(n));
+      if (n) count_read(e, Source::kStream, ssize_t(n));
     }
     untrack(e);
   }
