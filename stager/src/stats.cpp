@@ -70,6 +70,7 @@ Stats::Stats(const JobMap& map, const std::atomic<uint64_t>* stager, const Place
       start_ns_(monotonic_ns()),
       interval_ms_(kFirstIntervalMs) {
   last_ = poll_ = rate_from_ = take(start_ns_);
+  pass_opens_from_.t_ns = start_ns_;  // the first pass: from nothing
   for (uint64_t i = 0; i < map_.size(); ++i) {
     bucket_files_[i % kPassBuckets]++;
     bucket_bytes_[i % kPassBuckets] += map_.entry(i).size;
@@ -115,14 +116,15 @@ uint64_t Stats::tick(uint64_t now_ns) {
   Snapshot a = poll_;
   poll_ = s;
   Snapshot zero;
-  zero.t_ns = start_ns_;
   for (;;) {
     const Snapshot& from = epochs_.empty() ? zero : epochs_.back();
     uint64_t need = from.p[c_bytes] + size;
-    if (s.p[c_bytes] < need || opened_share(from, s) < kPassCover) break;
+    if (s.p[c_bytes] < need || opened_share(pass_opens_from_, s) < kPassCover) break;
     Snapshot e = s;
-    if (a.p[c_bytes] < need && opened_share(from, a) >= kPassCover) {
-      // The bytes came last, between the last poll and this one: interpolate by bytes.
+    bool interpolated = a.p[c_bytes] < need;
+    if (interpolated) {
+      // The bytes came between the last poll and this one: interpolate by
+      // bytes (the opens, if they came later, came before this poll too).
       double f = double(need - a.p[c_bytes]) / double(s.p[c_bytes] - a.p[c_bytes]);
       e.t_ns = a.t_ns + uint64_t(f * double(s.t_ns - a.t_ns));
       for (int c = 0; c < kNumCounters; ++c)
@@ -132,6 +134,11 @@ uint64_t Stats::tick(uint64_t now_ns) {
       e.p[c_bytes] = need;  // exact, whatever the rounding of its parts
     }
     epochs_.push_back(e);
+    // The next pass's opens count from the last poll before its start: which
+    // of the opens between two polls came after the boundary is unknown (an
+    // interpolated share of each bucket would drop a fast job's files), so
+    // the next pass may count a poll's worth of opens of this one.
+    pass_opens_from_ = interpolated ? a : e;
     a = e;
   }
   uint64_t s_bytes = s.p[c_bytes];

@@ -57,8 +57,10 @@ class Stats {
   // large file. Returns the nanoseconds until it wants to be called again:
   // 100 ms, or 1 ms when the job's bytes near the next boundary, so that
   // each pass's counters are exact to about a millisecond of the job's
-  // traffic (the boundary is interpolated between two polls when the bytes
-  // come last, as in an epoch; when the opens come last, it is the poll).
+  // traffic (the boundary is interpolated by bytes between two polls; when
+  // the opens come a poll or more after the bytes, it is the poll).
+  // A pass's opens count from the poll before it began (the opens between
+  // two polls are not told apart).
   uint64_t tick(uint64_t now_ns);
   static constexpr double kPassCover = 0.5;
   // Every 100 ms or so: closes the time series' intervals that have ended,
@@ -112,6 +114,7 @@ class Stats {
   mutable std::mutex mu_;
   std::vector<Snapshot> epochs_;  // cumulative counters at each epoch's end
   Snapshot poll_;                 // the last tick's
+  Snapshot pass_opens_from_;      // the current pass's opens count from here (tick)
   Snapshot rate_from_;            // the job's read rate (per_ns_) is measured from here
   double per_ns_ = 0;
   // Time series: per interval, bytes served from each tier, from the PFS

@@ -147,6 +147,7 @@ class Counts(Case):
         # Freads smaller than stdio's buffer (4 KiB here): one kernel read a
         # buffer, and one that finds the end.
         counted, seen, nbytes, summary = self.fread_case(1000)
+        print(f"fread of 1000 bytes: {counted} reads counted, {seen} seen by strace")
         self.assertGreater(seen, 10 * FILE_BYTES // 4096, "strace saw the stream's reads")
         self.assertWithin1(counted, seen, "reads of a 1000-byte fread loop", summary)
         self.assertEqual(nbytes, 10 * FILE_BYTES)
@@ -161,11 +162,12 @@ class Counts(Case):
         tally, stats, summary = self.through_monarch([PY, "-c", REREAD, self.root])
         t = stats["totals"]
         self.assertEqual(tally["bytes"], 50 * BIG_BYTES)
-        self.assertGreater(tally["bytes"], 4 * self.size)  # 4.8 times the dataset's bytes
+        self.assertGreater(tally["bytes"], 4 * self.size)  # 4.5 times the dataset's bytes
         self.assertWithin1(t["bytes"], tally["bytes"], "bytes read", summary)
         self.assertEqual(t["opens"], 50)
         self.assertFalse([e for e in stats["epochs"] if e["complete"]], summary)
-        self.assertIn("passes over the dataset: none: the job read 4.8x", summary)
+        self.assertIn(f"passes over the dataset: none: the job read "
+                      f"{tally['bytes'] / self.size:.1f}x the dataset's bytes", summary)
 
     def test_three_epochs_are_three_passes(self):
         tally, stats, summary = self.through_monarch([PY, "-c", EPOCHS, self.root])

@@ -227,6 +227,20 @@ TEST_F(StatsPasses, PrefetchedOpensStillMakeAPassAnEpoch) {
   EXPECT_EQ(bytes, std::vector<double>({100'000, 100'000, 100'000}));
 }
 
+// A job faster than the polls: one poll per 150 files, an epoch and a half.
+TEST_F(StatsPasses, AFastJobBetweenPolls) {
+  int n = 0;
+  for (int e = 0; e < 3; ++e)
+    for (uint32_t i = 0; i < 100; ++i) {
+      add(c_opens), add(c_pass_opens + i % kPassBuckets);
+      add(c_tier_reads), add(c_tier_bytes, 1000);
+      if (++n % 150 == 0 || n == 300) stats->tick(start + (ms += 1) * kMs);
+    }
+  auto [complete, bytes] = passes();
+  EXPECT_EQ(complete, 3);
+  EXPECT_EQ(bytes, std::vector<double>({100'000, 100'000, 100'000}));
+}
+
 // One file re-read 500 times: 5 times the dataset's bytes, no pass.
 TEST_F(StatsPasses, ReReadsOfOneFileAreNoPass) {
   for (int i = 0; i < 500; ++i) read_file(7);
