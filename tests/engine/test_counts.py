@@ -5,7 +5,8 @@ their own tally (or strace's) against the statistics' counters, within 1%.
   - a stdio fread loop (libc's fopen/fread through ctypes): the reads the
     kernel saw, as strace counts them;
   - one file re-read 50 times: its bytes, and no pass over the dataset;
-  - every file read in 3 shuffled epochs: 3 passes."""
+  - every file read in 3 shuffled epochs: 3 passes;
+  - a file its user cannot read: the copy's failure named by its errno."""
 import json
 import os
 import random
@@ -15,7 +16,7 @@ import subprocess
 import tempfile
 import unittest
 
-from harness import AFTER_INDEX, PY, Case, conf_file, run, tier
+from harness import AFTER_INDEX, PY, TEST_USER, Case, conf_file, ensure_user, run, tier
 
 FILES, FILE_BYTES = 40, 256 << 10  # the dataset: 10 MiB
 BIG_BYTES = 1 << 20  # big.bin: a tenth of the dataset
@@ -178,6 +179,36 @@ class Counts(Case):
         self.assertEqual(len(complete), 3, summary)
         for e in complete:
             self.assertWithin1(e["counters"]["bytes"], self.size, "a pass's bytes", summary)
+
+    def test_unreadable_file_named_by_its_errno(self):
+        # A user's dataset with two files only root may read: the stager, the
+        # user's, cannot copy them (EACCES); the job reads the others.
+        ensure_user()
+        root = tempfile.mkdtemp(prefix="monarch-denied-")
+        self.addCleanup(shutil.rmtree, root, True)
+        os.chmod(root, 0o755)
+        for i in range(10):
+            p = os.path.join(root, f"g{i}")
+            with open(p, "wb") as f:
+                f.write(os.urandom(64 << 10))
+            os.chmod(p, 0 if i < 2 else 0o644)
+        t = tier(self)
+        conf = os.path.join(t, "monarch.conf")
+        with open(conf, "w") as f:
+            f.write(f"copy_fast_dataset = yes\n[tier.a]\npath = {t}\nquota = 100%\n")
+        os.chmod(conf, 0o644)
+        report = os.path.join(t, "stats.json")
+        script = (f"import os, time\nfor i in range(2, 10): open({root!r} + f'/g{{i}}', 'rb').read()\n"
+                  "time.sleep(1)")
+        p = run(AFTER_INDEX + [PY, "-c", script], user=TEST_USER,
+                monarch=["--dataset", root, "--config", conf, "--keep", "--report", report])
+        with open(report) as f:
+            stager = json.load(f)["totals"]["stager"]
+        self.assertEqual(stager["copy_denied"], 2, p.stderr[-3000:])
+        self.assertEqual(stager["copy_errors"], 2, p.stderr[-3000:])
+        self.assertIn("note: 2 copies failed: permission denied (EACCES) reading the PFS file",
+                      p.stderr)
+        self.assertNotIn("I/O error", p.stderr)
 
 
 if __name__ == "__main__":
