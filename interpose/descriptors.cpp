@@ -50,7 +50,7 @@ int on_fclose(FILE* f, Pass<int> pass) {
       off_t pos = real::lseek(fd, 0, SEEK_CUR);
       uint64_t end = pos > 0 ? std::min<uint64_t>(uint64_t(pos), e->map->entry(e->file).size) : 0;
       uint64_t n = end > e->stream_from ? end - e->stream_from : 0;
-      if (n) count_read(e, e->kind.load() == kLocal ? Source::kLocal : Source::kStream, ssize_t(n));
+      if (n) count_read(e, Source::kStream, ssize_t(n));
     }
     untrack(e);
   }

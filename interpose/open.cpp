@@ -212,6 +212,7 @@ void read_whole(JobMap* m, uint32_t file, int fd, FdEntry* e) {
 // under way. `failed`: the comparison's stat failed (the open will say why).
 State open_state(JobMap* m, uint32_t file, int dirfd, const char* path, bool& failed) {
   add(m, c_opens);
+  add(m, c_pass_opens + file % kPassBuckets);  // what tells passes from re-reads (stats.cpp)
   failed = false;
   State s = m->state(file);
   if (m->consistency() == 1 && s.state != kStale) {  // the PFS file is compared at every open

@@ -387,11 +387,8 @@ void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pa
   if (!done) p = pass();
   if (p != MAP_FAILED && tracked(fd)) {
     KeepErrno k;
-    add(m, c_mmaps);
-    // Pages are read later, unseen: the mapped length stands for the bytes read.
-    uint64_t n = std::min<uint64_t>(len, m->entry(e->file).size);
     bool local = (e->kind.load() == kLocal && native_read(e)) || (e->kind.load() == kPfs && done);
-    add(m, local ? c_tier_bytes + e->tier : c_pfs_served_bytes, n);
+    count_mapping(m, e->file, uint64_t(off), len, local);
   }
   return p;
 }
