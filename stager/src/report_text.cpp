@@ -179,9 +179,9 @@ std::string unused_summary(const Figures& f, const std::string& why, size_t firs
 // The one line for a job whose processes loaded the job map but never
 // opened a dataset file through Monarch.
 std::string untouched(const Figures& f) {
-  return "the job opened no dataset file through Monarch, though " +
-         (f.attached > 0 ? count(f.attached) + " of its processes" : std::string("its processes")) +
-         " loaded the job map: it read the dataset, if at all, by a path Monarch did not "
+  return "the job opened no dataset file through Monarch, though " + count(f.attached) +
+         " of its processes loaded the job map: it read the dataset, if at all, by a path Monarch "
+         "did not "
          "recognise as the dataset (another mount of its file system, a copy, a path relative "
          "to a directory descriptor), from the PFS; read it through " +
          f.dataset +
@@ -254,7 +254,8 @@ std::string summary_text(const std::string& json) {
     << f.dataset << " (" << count(f.files) << " files, " << human_bytes(f.dataset_bytes) << ")"
     << (f.complete ? "" : " [incomplete]") << "\n";
   if (!f.used_monarch) return o.str() + unused_summary(f, f.fallbacks[0].text, 1);
-  if (t.opens == 0 && t.reads == 0) return o.str() + unused_summary(f, untouched(f), 0);
+  if (f.attached > 0 && t.opens == 0 && t.reads == 0)
+    return o.str() + unused_summary(f, untouched(f), 0);
   // First what a user wants to know, then the detail.
   o << "  passes over the dataset: " << epoch_times(f.epochs, f.dataset_bytes) << "\n";
   if (t.reads <= 0 && t.mmaps > 0)

@@ -479,8 +479,9 @@ TEST(ReportSummary, StartsWithEpochTimesLocalShareAndTrafficAvoided) {
                   "passes over the dataset: 2.00 s, 2.00 s, 2.00 s ... 2.00 s (40 passes; median "
                   "2.00 s)"))
       << text;
-  Job none;
+  Job none;  // in its first epoch
   none.epochs.clear();
+  none.extra_totals = {{"opens", 10}, {"reads", 20}, {"bytes", 1e5}};
   EXPECT_TRUE(has(summary_text(none.json()), "passes over the dataset: none yet"))
       << summary_text(none.json());
 }
@@ -552,6 +553,33 @@ TEST(ReportUnused, OnlyWhenNoProcessAttachedAndNoneWasCounted) {
   Job counted = unused_job();
   counted.extra_totals = {{"stat_index", 1}};
   EXPECT_TRUE(figures(counted.json()).used_monarch);
+}
+
+// Processes loaded the job map but opened no dataset file through Monarch
+// (they read it by a path Monarch did not recognise): one line says so and
+// what to do, not "the job read 0 B in 0 opens".
+TEST(ReportUnused, ProcessesThatOpenedNoDatasetFileAreToldInOneLine) {
+  Job j = unused_job();
+  j.attached = 2;
+  std::string text = summary_text(j.json());
+  std::istringstream in(text);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_GE(lines.size(), 3u) << text;
+  EXPECT_EQ(lines[1].rfind("  the job opened no dataset file through Monarch, though 2 of its "
+                           "processes loaded the job map: ",
+                           0),
+            0u)
+      << text;
+  EXPECT_TRUE(has(lines[1], "a path Monarch did not recognise as the dataset (another mount"))
+      << text;
+  EXPECT_TRUE(has(lines[1], "read it through /pfs/d, a symbolic link to it or a bind mount"))
+      << text;
+  for (const char* part : {"read 0 B", "epoch times", "verdict", "no process of the job used"})
+    EXPECT_FALSE(has(text, part)) << part << "\n" << text;
+  // Statistics without the count of processes claim nothing of the kind.
+  j.attached = -1;
+  EXPECT_FALSE(has(summary_text(j.json()), "opened no dataset file"));
 }
 
 TEST(ReportUnused, TheJobsSummaryNamesTheNodes) {
