@@ -13,10 +13,21 @@
 // moved (not from the moment this opener came): a stuck claim or copy stops
 // every later opener from waiting at all.
 //
-// Changes: any open for writing, wherever its path points (a link, another
-// name of the same inode), and any call that changes a file or directory
-// marks what it changed stale in the job map before the caller sees the call
-// return, by the identity (device, inode) the kernel reports for it.
+// An open for reading and writing of an indexed dataset file that may only
+// read (O_RDWR, with O_CREAT or O_APPEND, not O_TRUNC or O_EXCL, closed on
+// exec: sqlite3.connect, lmdb.open) is served as an open for reading that
+// never reads a copy through the program's descriptor: it gets its own PFS
+// descriptor (kPfs) and the file stays as it is, until a call through that
+// open file may change it (changes(): write, pwrite, writev, ftruncate,
+// fallocate, a transfer into it, a stream that writes, a writable shared
+// mapping) or it may reach a program Monarch does not see (made inheritable
+// across exec: dup, F_SETFD, a spawn's dup2): the file is stale from then on.
+//
+// Changes: any other open for writing, wherever its path points (a link,
+// another name of the same inode), and any call that changes a file or
+// directory marks what it changed stale in the job map before the caller
+// sees the call return, by the identity (device, inode) the kernel reports
+// for it.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -41,6 +52,17 @@ namespace {
 
 bool writes(int flags) {
   return (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+}
+
+// An open for reading and writing served until it writes (see above). Not
+// O_TRUNC (it changes the file at once), O_EXCL (an existing file fails),
+// O_PATH, O_DIRECTORY, O_TMPFILE, O_DIRECT, O_NOATIME (not served for
+// reading either); O_CLOEXEC, so that no program Monarch does not see can
+// write through it (the descriptor made inheritable later: changes()).
+bool may_only_read(int flags) {
+  return (flags & O_ACCMODE) == O_RDWR && (flags & O_CLOEXEC) &&
+         !(flags & (O_TRUNC | O_EXCL | O_PATH | O_DIRECTORY | O_DIRECT | O_NOATIME)) &&
+         (flags & O_TMPFILE) != O_TMPFILE;
 }
 
 // The map to mark changes in: loaded already, or loaded now by the owner (a
@@ -233,12 +255,15 @@ State open_state(JobMap* m, uint32_t file, int dirfd, const char* path, bool& fa
   return s;
 }
 
-// After the PFS file was opened as `fd`: tracked, and read whole or left to the copy.
-void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
+// After the PFS file was opened as `fd`: tracked, and read whole or left to
+// the copy. False when it cannot be tracked (above the table's limit).
+bool opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream,
+                bool writable = false) {
   add(m, c_pfs_opens);
   FdEntry* e = track(fd, m, file, kPfs);
-  if (!e) return;
+  if (!e) return false;
   e->stream = stream;
+  e->writable = writable;
   bool alive = m->stager_alive(monotonic_ns());
   if (!alive) {
     add(m, c_fb_no_stager);
@@ -253,9 +278,10 @@ void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
     // A stream reads the PFS this time (stdio's buffer is not Monarch's to
     // fill), and asks for the copy its next open will find.
     if (copies && stream && s.state == kNone) send(m, Request::kPlace, file);
-    return;
+    return true;
   }
   if (m->entry(file).size <= m->small_file_max() && s.state == kNone) read_whole(m, file, fd, e);
+  return true;
 }
 
 // An open for reading of the indexed dataset file `file`.
@@ -276,7 +302,30 @@ int open_file(JobMap* m, const Resolved& r, int dirfd, const char* path, int fla
   return fd;
 }
 
+// An open for reading and writing of the indexed dataset file `file` that
+// may only read (may_only_read): the program's own PFS descriptor, served
+// as an open for reading is until changes() sees it write. One that cannot
+// be tracked, or whose comparison with the PFS failed, is a change now.
+int open_rdwr(JobMap* m, const Resolved& r, int dirfd, const char* path, Pass<int> pass) {
+  bool failed;
+  State s = open_state(m, r.id, dirfd, path, failed);
+  int fd = pass();
+  if (fd < 0) return fd;
+  KeepErrno k;
+  if (failed || !opened_pfs(m, r.id, s, fd, false, true)) {
+    untrack(fd);
+    opened_for_writing(fd);
+  }
+  return fd;
+}
+
 }  // namespace
+
+void changes(FdEntry* e) {
+  if (!e->writable) return;  // the kernel refuses the change (EBADF, EINVAL)
+  KeepErrno k;
+  mark_stale(e->map, e->file);
+}
 
 int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass) {
   // A name of a copy's descriptor (/proc/self/fd/N) opened for reading: the
@@ -292,6 +341,11 @@ int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass)
       }
       return fd;
     }
+  }
+  if (may_only_read(flags) && P.enabled && owner()) {
+    JobMap* m;
+    Resolved r = where(dirfd, path, m);
+    if (r.where == Where::kFile) return open_rdwr(m, r, dirfd, path, pass);
   }
   if (writes(flags)) {
     int fd = write_reaches_pfs(pass(), flags, mode);
@@ -388,6 +442,19 @@ FILE* on_freopen(const char* path, const char* mode, FILE* stream, Pass<FILE*> p
     opened_for_writing(fileno(f));
   }
   return f;
+}
+
+FILE* on_fdopen(int fd, const char* mode, Pass<FILE*> pass) {
+  // stdio's writes are glibc's own calls, never seen: a stream that may
+  // write is a change now. (Not the mode alone: "r" of a descriptor opened
+  // for reading and writing cannot write through the stream.)
+  if (mode && (mode[0] != 'r' || std::strchr(mode, '+'))) changes(fd);
+  return pass();
+}
+
+int on_spawn_dup2(int fd, Pass<int> pass) {
+  changes(fd);  // the spawned program holds it without close-on-exec
+  return pass();
 }
 
 int on_spawn_open(const char* path, int flags, Pass<int> pass) {
