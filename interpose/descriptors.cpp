@@ -31,15 +31,6 @@ void follow_dup(int from, int to) {
     untrack(to);
 }
 
-// `to`, a new descriptor for the open file of `from`, survives exec: if that
-// open file can write its dataset file, a program Monarch does not see may
-// write through it, so the file is changed now (open.cpp). Checked in a
-// vfork child too, which dups right before its exec.
-void inheritable(int from, int to) {
-  FdEntry* e = tracked(from);
-  if (e && e->writable && from != to && !(real::fcntl(to, F_GETFD) & FD_CLOEXEC)) changes(e);
-}
-
 }  // namespace
 
 int on_close(int fd, Pass<int> pass) {
@@ -65,20 +56,18 @@ int on_fclose(FILE* f, Pass<int> pass) {
 
 int on_dup(int oldfd, Pass<int> pass) {
   int fd = pass();
-  if (fd >= 0) {
+  if (fd >= 0 && owner()) {
     KeepErrno k;
-    inheritable(oldfd, fd);
-    if (owner()) follow_dup(oldfd, fd);
+    follow_dup(oldfd, fd);
   }
   return fd;
 }
 
 int on_dup2(int oldfd, int newfd, Pass<int> pass) {
   int fd = pass();
-  if (fd >= 0 && oldfd != newfd) {
+  if (fd >= 0 && oldfd != newfd && owner()) {
     KeepErrno k;
-    inheritable(oldfd, fd);
-    if (owner()) follow_dup(oldfd, fd);
+    follow_dup(oldfd, fd);
   }
   return fd;
 }
@@ -100,11 +89,8 @@ int on_fcntl(int fd, int cmd, void* arg, Pass<int> pass) {
     if (r < 0) return r;
   }
   int r = pass();
-  if (r < 0) return r;
+  if (r < 0 || !owner()) return r;
   KeepErrno k;
-  if (cmd == F_DUPFD) inheritable(fd, r);
-  if (cmd == F_SETFD && !(a & FD_CLOEXEC)) changes(fd);  // the descriptor itself survives exec
-  if (!owner()) return r;
   if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
     follow_dup(fd, r);
   } else if (cmd == F_SETFL) {

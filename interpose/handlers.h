@@ -57,8 +57,6 @@ int on_change2(int dirfd, const char* path, int dirfd2, const char* path2, bool 
 // fdopen: a stream that may write through a descriptor opened for reading
 // and writing changes its file (changes(), fdtable.h).
 FILE* on_fdopen(int fd, const char* mode, Pass<FILE*> pass);
-// A spawn's dup2 action: the program it starts holds `fd` without close-on-exec.
-int on_spawn_dup2(int fd, Pass<int> pass);
 
 // ---- read (read.cpp) ----
 // read/readv (positional false: they move the offset) and pread/preadv.

@@ -13,15 +13,17 @@
 // moved (not from the moment this opener came): a stuck claim or copy stops
 // every later opener from waiting at all.
 //
-// An open for reading and writing of an indexed dataset file that may only
-// read (O_RDWR, with O_CREAT or O_APPEND, not O_TRUNC or O_EXCL, closed on
-// exec: sqlite3.connect, lmdb.open) is served as an open for reading that
-// never reads a copy through the program's descriptor: it gets its own PFS
-// descriptor (kPfs) and the file stays as it is, until a call through that
-// open file may change it (changes(): write, pwrite, writev, ftruncate,
-// fallocate, a transfer into it, a stream that writes, a writable shared
-// mapping) or it may reach a program Monarch does not see (made inheritable
-// across exec: dup, F_SETFD, a spawn's dup2): the file is stale from then on.
+// An open for writing of an indexed dataset file that does not change it by
+// itself (O_RDWR or O_WRONLY, with O_CREAT or O_APPEND, not O_TRUNC:
+// sqlite3.connect, lmdb.open, which also opens data.mdb O_WRONLY for its
+// meta pages) leaves the file as it is until a call through that open file
+// may change it (changes(): write, pwrite, writev, ftruncate, fallocate, a
+// transfer into it, a stream that writes, a writable shared mapping): the
+// file is stale from then on. The program holds its own PFS descriptor
+// (kPfs); opened for reading and writing, its reads are served from the copy
+// as an open for reading's are. A program started by exec that inherits
+// such a descriptor marks its file stale when it starts (process.cpp:
+// its table does not know the descriptor, whose writes it would not see).
 //
 // Changes: any other open for writing, wherever its path points (a link,
 // another name of the same inode), and any call that changes a file or
@@ -54,13 +56,12 @@ bool writes(int flags) {
   return (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
 }
 
-// An open for reading and writing served until it writes (see above). Not
-// O_TRUNC (it changes the file at once), O_EXCL (an existing file fails),
-// O_PATH, O_DIRECTORY, O_TMPFILE, O_DIRECT, O_NOATIME (not served for
-// reading either); O_CLOEXEC, so that no program Monarch does not see can
-// write through it (the descriptor made inheritable later: changes()).
-bool may_only_read(int flags) {
-  return (flags & O_ACCMODE) == O_RDWR && (flags & O_CLOEXEC) &&
+// An open for writing that is a change only once it writes (see above).
+// Not O_TRUNC (it changes the file at once), O_EXCL (an existing file
+// fails), O_PATH, O_DIRECTORY, O_TMPFILE, O_DIRECT, O_NOATIME (not served
+// for reading either).
+bool writes_later(int flags) {
+  return (flags & O_ACCMODE) != O_RDONLY &&
          !(flags & (O_TRUNC | O_EXCL | O_PATH | O_DIRECTORY | O_DIRECT | O_NOATIME)) &&
          (flags & O_TMPFILE) != O_TMPFILE;
 }
@@ -272,8 +273,10 @@ bool opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream,
   bool copies = alive && !m->header().copies_off.load(std::memory_order_relaxed);
   // No room here, in a multi-node job: read.cpp reads it from another node.
   bool peer = s.state == kNoRoom && m->header().peer_reads.load(std::memory_order_relaxed);
-  if (!copies || stream ||
-      (s.state != kNone && s.state != kQueued && s.state != kCopying && !peer)) {
+  // Cached: a reader opened the copy instead, unless its open failed; a
+  // descriptor opened for reading and writing is served from it.
+  bool coming = s.state == kNone || s.state == kQueued || s.state == kCopying;
+  if (!copies || stream || !(coming || peer || (writable && s.state == kCached))) {
     e->gave_up = true;  // no copy will serve it: counted, read from the PFS
     // A stream reads the PFS this time (stdio's buffer is not Monarch's to
     // fill), and asks for the copy its next open will find.
@@ -302,17 +305,28 @@ int open_file(JobMap* m, const Resolved& r, int dirfd, const char* path, int fla
   return fd;
 }
 
-// An open for reading and writing of the indexed dataset file `file` that
-// may only read (may_only_read): the program's own PFS descriptor, served
-// as an open for reading is until changes() sees it write. One that cannot
-// be tracked, or whose comparison with the PFS failed, is a change now.
-int open_rdwr(JobMap* m, const Resolved& r, int dirfd, const char* path, Pass<int> pass) {
+// An open for writing of the indexed dataset file r.id that is a change
+// only once it writes (writes_later): the program's own PFS descriptor,
+// tracked as one that can write; opened for reading and writing, served as
+// an open for reading is (write-only: never served, the kernel refuses its
+// reads). One that cannot be tracked, or whose comparison with the PFS
+// failed, is a change now.
+int open_writer(JobMap* m, const Resolved& r, int dirfd, const char* path, int flags,
+                Pass<int> pass) {
   bool failed;
   State s = open_state(m, r.id, dirfd, path, failed);
   int fd = pass();
   if (fd < 0) return fd;
   KeepErrno k;
-  if (failed || !opened_pfs(m, r.id, s, fd, false, true)) {
+  bool tracked_now;
+  if ((flags & O_ACCMODE) == O_RDWR) {
+    tracked_now = !failed && opened_pfs(m, r.id, s, fd, false, true);
+  } else {
+    FdEntry* e = failed ? nullptr : track(fd, m, r.id, kPfs);
+    if (e) e->writable = e->gave_up = true;
+    tracked_now = e;
+  }
+  if (!tracked_now) {
     untrack(fd);
     opened_for_writing(fd);
   }
@@ -342,10 +356,10 @@ int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass)
       return fd;
     }
   }
-  if (may_only_read(flags) && P.enabled && owner()) {
+  if (writes_later(flags) && P.enabled && owner()) {
     JobMap* m;
     Resolved r = where(dirfd, path, m);
-    if (r.where == Where::kFile) return open_rdwr(m, r, dirfd, path, pass);
+    if (r.where == Where::kFile) return open_writer(m, r, dirfd, path, flags, pass);
   }
   if (writes(flags)) {
     int fd = write_reaches_pfs(pass(), flags, mode);
@@ -449,11 +463,6 @@ FILE* on_fdopen(int fd, const char* mode, Pass<FILE*> pass) {
   // write is a change now. (Not the mode alone: "r" of a descriptor opened
   // for reading and writing cannot write through the stream.)
   if (mode && (mode[0] != 'r' || std::strchr(mode, '+'))) changes(fd);
-  return pass();
-}
-
-int on_spawn_dup2(int fd, Pass<int> pass) {
-  changes(fd);  // the spawned program holds it without close-on-exec
   return pass();
 }
 
