@@ -325,6 +325,7 @@ int open_writer(JobMap* m, const Resolved& r, int dirfd, const char* path, int f
     FdEntry* e = failed ? nullptr : track(fd, m, r.id, kPfs);
     if (e) e->writable = e->gave_up = true;
     tracked_now = e;
+    add(m, c_pfs_opens);
   }
   if (!tracked_now) {
     untrack(fd);
