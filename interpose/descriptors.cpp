@@ -89,7 +89,9 @@ int on_fcntl(int fd, int cmd, void* arg, Pass<int> pass) {
     if (r < 0) return r;
   }
   int r = pass();
-  if (r < 0 || !owner()) return r;
+  // Only these change the table: the others (locks, F_GETFL, F_SETFD: what
+  // SQLite calls on every query) cost no getpid.
+  if (r < 0 || (cmd != F_DUPFD && cmd != F_DUPFD_CLOEXEC && cmd != F_SETFL) || !owner()) return r;
   KeepErrno k;
   if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
     follow_dup(fd, r);
