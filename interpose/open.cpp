@@ -339,7 +339,15 @@ int open_writer(JobMap* m, const Resolved& r, int dirfd, const char* path, int f
 void changes(FdEntry* e) {
   if (!e->writable) return;  // the kernel refuses the change (EBADF, EINVAL)
   KeepErrno k;
-  mark_stale(e->map, e->file);
+  // Every name of the inode (hard links), as an open for writing marks them.
+  JobMap* m = e->map;
+  const Attr* a = m->attr(e->file);
+  struct stat st {};
+  st.st_mode = S_IFREG;
+  st.st_dev = a ? dev_t(a->dev) : 0;
+  st.st_ino = ino_t(m->entry(e->file).ino);
+  if (a) mark_stale_inode(m, st);
+  mark_stale(m, e->file);
 }
 
 int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass) {
