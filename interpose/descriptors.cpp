@@ -59,15 +59,17 @@ int on_fclose(FILE* f, Pass<int> pass) {
 
 FILE* on_fdopen(int fd, const char* mode, Pass<FILE*> pass) {
   FdEntry* e = tracked(fd);
-  if (!e || !owner()) return pass();
-  FILE* f = pass();
-  if (!f) return f;
-  KeepErrno k;
-  if (!mode || mode[0] != 'r' || std::strchr(mode, '+')) {
-    mark_stale(e->map, e->file);  // stdio's writes are unseen: changed from now on
-    return f;
+  if (!e || !mode) return pass();
+  // (Not the mode alone: "r" of a descriptor opened for reading and writing
+  // cannot write through the stream, and "w" of one opened for reading fails.)
+  if (mode[0] != 'r' || std::strchr(mode, '+')) {
+    changes(e);
+    return pass();
   }
-  if (!identity(fd, e)) return f;
+  if (!owner()) return pass();
+  FILE* f = pass();
+  if (!f || !identity(fd, e)) return f;
+  KeepErrno k;
   off_t pos = real::lseek(fd, 0, SEEK_CUR);
   e->stream = true;
   e->stream_from = pos > 0 ? uint64_t(pos) : 0;
@@ -117,7 +119,9 @@ int on_fcntl(int fd, int cmd, void* arg, Pass<int> pass) {
     if (r < 0) return r;
   }
   int r = pass();
-  if (r < 0 || !owner()) return r;
+  // Only these change the table: the others (locks, F_GETFL, F_SETFD: what
+  // SQLite calls on every query) cost no getpid.
+  if (r < 0 || (cmd != F_DUPFD && cmd != F_DUPFD_CLOEXEC && cmd != F_SETFL) || !owner()) return r;
   KeepErrno k;
   if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
     follow_dup(fd, r);

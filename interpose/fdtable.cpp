@@ -37,14 +37,14 @@ FdEntry* slot_for(int fd) {
   return &c[fd & ((1 << kChunkBits) - 1)];
 }
 
-Whole* make_whole(char* data, uint64_t size) {
+Whole* make_whole(char* data, uint64_t size, int tier) {
   void* p = real::mmap(nullptr, sizeof(Whole), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                        -1, 0);
-  return p == MAP_FAILED ? nullptr : new (p) Whole{{1}, data, size};
+  return p == MAP_FAILED ? nullptr : new (p) Whole{{1}, data, size, tier};
 }
 
 namespace {
-// Bytes read whole are given back a second after their last descriptor goes:
+// Bytes read whole (or a copy mapped) are given back a second after their last descriptor goes:
 // another thread may still be inside a read of them (a close racing a read
 // is the program's business; a crash would be ours).
 // Signals are blocked while the ring's lock is held: a handler that closes a
@@ -74,8 +74,7 @@ void retire(Whole* w) {
 }
 
 void drop_whole(FdEntry* e) {
-  Whole* w = e->whole;
-  e->whole = nullptr;
+  Whole* w = __atomic_exchange_n(&e->whole, nullptr, __ATOMIC_ACQ_REL);
   if (w && w->refs.fetch_sub(1) == 1) retire(w);
 }
 }  // namespace
@@ -86,7 +85,7 @@ FdEntry* track(int fd, JobMap* m, uint32_t file, Kind kind) {
   if (e->kind.load()) untrack(e);
   e->tier = 0;
   e->view = kNoView;
-  e->shared = e->gave_up = e->placed = e->stream = e->switched = e->direct = false;
+  e->shared = e->gave_up = e->placed = e->stream = e->switched = e->direct = e->writable = false;
   e->lock.clear();
   e->file = file;
   static std::atomic<uint32_t> next_ofd{1};
@@ -143,7 +142,8 @@ void duplicate(FdEntry* from, int to) {
   e->dev = from->dev;
   e->ino = from->ino;
   e->direct = from->direct;
-  e->whole = from->whole;
+  e->writable = from->writable;
+  e->whole = __atomic_load_n(&from->whole, __ATOMIC_ACQUIRE);
   if (e->whole) e->whole->refs.fetch_add(1);
   e->kind.store(from->kind.load(), std::memory_order_release);
 }

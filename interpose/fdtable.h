@@ -33,16 +33,19 @@ namespace monarch {
 
 enum Kind : uint8_t { kUntracked = 0, kLocal, kPfs };
 
-// Bytes of a small file read whole at open, shared by the entries of one
-// descriptor's duplicates (dup, dup2, fcntl). Unmapped with the last of them.
+// The bytes that serve a kPfs descriptor's reads without a call on a file:
+// a small file read whole at open (tier < 0), or the finished copy of the
+// file mapped once (the copy's tier). Shared by the entries of one
+// descriptor's duplicates (dup, dup2, fcntl); unmapped with the last of them.
 // Made and freed with mmap and munmap, never malloc: open and close stay
 // async-signal-safe, as the kernel's are (a signal handler may call them).
 struct Whole {
   std::atomic<int> refs;
   char* data;
   uint64_t size;
+  int tier;
 };
-Whole* make_whole(char* data, uint64_t size);  // null when it cannot be mapped
+Whole* make_whole(char* data, uint64_t size, int tier = -1);  // null when it cannot be mapped
 
 inline constexpr uint8_t kNoView = 0xff;  // FdEntry::view when the path is not known
 
@@ -56,6 +59,7 @@ struct FdEntry {
   bool stream;    // a stdio stream's (fopen, fdopen): reads are not seen, counted at fclose
   bool switched;  // kPfs: already counted as reading from a finished copy
   bool direct;    // kLocal: O_DIRECT set since open: reads are made on the PFS file
+  bool writable;  // kPfs: opened for reading and writing (its file is not stale until it writes)
   std::atomic_flag lock;  // kPfs: emulated read() and lseek of one descriptor, between threads
   uint32_t file;
   uint32_t ofd;  // the open file (kernel's open file description): shared by duplicates
@@ -97,6 +101,17 @@ void untrack(int fd);
 void untrack(FdEntry* e);
 // `to` becomes a duplicate of `from` (dup, dup2, fcntl): both are marked shared.
 void duplicate(FdEntry* from, int to);
+// Before a call that may change the file through the open file `e` stands
+// for (a write, a truncate, a stream that writes, a writable shared
+// mapping): the file is marked stale in the job map (Change::kBytes) when
+// that open file can write, before the call is made. Any process may call
+// it, a vfork child too (the map is shared; the mark is all it does).
+// (open.cpp)
+void changes(FdEntry* e);
+// The same for descriptor `fd`: one table lookup when Monarch does not track it.
+inline void changes(int fd) {
+  if (FdEntry* e = tracked(fd)) changes(e);
+}
 // Calls f(fd, entry) for every tracked descriptor.
 template <typename F>
 void for_each_tracked(F f) {

@@ -86,7 +86,9 @@ int on_close(int fd, Pass<int> pass);
 int on_fclose(FILE* f, Pass<int> pass);
 // A stream on a descriptor (numpy.fromfile: a dup of Python's descriptor):
 // its reads are stdio's own, unseen, so it is counted as fopen's streams are
-// and asks for the file's copy; a writing mode on a dataset file is a change.
+// and asks for the file's copy. One that may write is a change of a file
+// opened for reading and writing (changes(), fdtable.h): stdio's writes are
+// glibc's own calls, never seen.
 FILE* on_fdopen(int fd, const char* mode, Pass<FILE*> pass);
 int on_dup(int oldfd, Pass<int> pass);
 int on_dup2(int oldfd, int newfd, Pass<int> pass);

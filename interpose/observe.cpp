@@ -41,10 +41,10 @@ int on_stat(int dirfd, const char* path, struct stat* st, int flags, Pass<int> p
   if (int n = magic_fd(path); n >= 0 && local_copy(n)) {
     return flags & AT_SYMLINK_NOFOLLOW ? pass() : on_fstat(n, st, pass);
   }
-  if (flags & ~(AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT) || !owner()) return pass();
+  if (flags & ~(AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT)) return pass();
   JobMap* m;
-  Resolved r = where(dirfd, path, m);
-  if (r.where != Where::kFile) return pass();
+  Resolved r = where(dirfd, path, m);  // (safe in a vfork child: it loads no map there)
+  if (r.where != Where::kFile || !owner()) return pass();
   if (m->consistency() == 1 || m->state(r.id).state == kStale || !m->fill_stat(r.id, st)) {
     add(m, c_stat_pfs);  // counters never touch errno: the pass's errno is the caller's
     return pass();

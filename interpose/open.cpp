@@ -13,10 +13,23 @@
 // moved (not from the moment this opener came): a stuck claim or copy stops
 // every later opener from waiting at all.
 //
-// Changes: any open for writing, wherever its path points (a link, another
-// name of the same inode), and any call that changes a file or directory
-// marks what it changed stale in the job map before the caller sees the call
-// return, by the identity (device, inode) the kernel reports for it.
+// An open for writing of an indexed dataset file that does not change it by
+// itself (O_RDWR or O_WRONLY, with O_CREAT or O_APPEND, not O_TRUNC:
+// sqlite3.connect, lmdb.open, which also opens data.mdb O_WRONLY for its
+// meta pages) leaves the file as it is until a call through that open file
+// may change it (changes(): write, pwrite, writev, ftruncate, fallocate, a
+// transfer into it, a stream that writes, a writable shared mapping): the
+// file is stale from then on. The program holds its own PFS descriptor
+// (kPfs); opened for reading and writing, its reads are served from the copy
+// as an open for reading's are. A program started by exec that inherits
+// such a descriptor marks its file stale when it starts (process.cpp:
+// its table does not know the descriptor, whose writes it would not see).
+//
+// Changes: any other open for writing, wherever its path points (a link,
+// another name of the same inode), and any call that changes a file or
+// directory marks what it changed stale in the job map before the caller
+// sees the call return, by the identity (device, inode) the kernel reports
+// for it.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -41,6 +54,16 @@ namespace {
 
 bool writes(int flags) {
   return (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+}
+
+// An open for writing that is a change only once it writes (see above).
+// Not O_TRUNC (it changes the file at once), O_EXCL (an existing file
+// fails), O_PATH, O_DIRECTORY, O_TMPFILE, O_DIRECT, O_NOATIME (not served
+// for reading either).
+bool writes_later(int flags) {
+  return (flags & O_ACCMODE) != O_RDONLY &&
+         !(flags & (O_TRUNC | O_EXCL | O_PATH | O_DIRECTORY | O_DIRECT | O_NOATIME)) &&
+         (flags & O_TMPFILE) != O_TMPFILE;
 }
 
 // The map to mark changes in: loaded already, or loaded now by the owner (a
@@ -234,12 +257,15 @@ State open_state(JobMap* m, uint32_t file, int dirfd, const char* path, bool& fa
   return s;
 }
 
-// After the PFS file was opened as `fd`: tracked, and read whole or left to the copy.
-void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
+// After the PFS file was opened as `fd`: tracked, and read whole or left to
+// the copy. False when it cannot be tracked (above the table's limit).
+bool opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream,
+                bool writable = false) {
   add(m, c_pfs_opens);
   FdEntry* e = track(fd, m, file, kPfs);
-  if (!e) return;
+  if (!e) return false;
   e->stream = stream;
+  e->writable = writable;
   bool alive = m->stager_alive(monotonic_ns());
   if (!alive) {
     add(m, c_fb_no_stager);
@@ -248,15 +274,18 @@ void opened_pfs(JobMap* m, uint32_t file, const State& s, int fd, bool stream) {
   bool copies = alive && !m->header().copies_off.load(std::memory_order_relaxed);
   // No room here, in a multi-node job: read.cpp reads it from another node.
   bool peer = s.state == kNoRoom && m->header().peer_reads.load(std::memory_order_relaxed);
-  if (!copies || stream ||
-      (s.state != kNone && s.state != kQueued && s.state != kCopying && !peer)) {
+  // Cached: a reader opened the copy instead, unless its open failed; a
+  // descriptor opened for reading and writing is served from it.
+  bool coming = s.state == kNone || s.state == kQueued || s.state == kCopying;
+  if (!copies || stream || !(coming || peer || (writable && s.state == kCached))) {
     e->gave_up = true;  // no copy will serve it: counted, read from the PFS
     // A stream reads the PFS this time (stdio's buffer is not Monarch's to
     // fill), and asks for the copy its next open will find.
     if (copies && stream && s.state == kNone) send(m, Request::kPlace, file);
-    return;
+    return true;
   }
   if (m->entry(file).size <= m->small_file_max() && s.state == kNone) read_whole(m, file, fd, e);
+  return true;
 }
 
 // An open for reading of the indexed dataset file `file`.
@@ -277,7 +306,50 @@ int open_file(JobMap* m, const Resolved& r, int dirfd, const char* path, int fla
   return fd;
 }
 
+// An open for writing of the indexed dataset file r.id that is a change
+// only once it writes (writes_later): the program's own PFS descriptor,
+// tracked as one that can write; opened for reading and writing, served as
+// an open for reading is (write-only: never served, the kernel refuses its
+// reads). One that cannot be tracked, or whose comparison with the PFS
+// failed, is a change now.
+int open_writer(JobMap* m, const Resolved& r, int dirfd, const char* path, int flags,
+                Pass<int> pass) {
+  bool failed;
+  State s = open_state(m, r.id, dirfd, path, failed);
+  int fd = pass();
+  if (fd < 0) return fd;
+  KeepErrno k;
+  bool tracked_now;
+  if ((flags & O_ACCMODE) == O_RDWR) {
+    tracked_now = !failed && opened_pfs(m, r.id, s, fd, false, true);
+  } else {
+    FdEntry* e = failed ? nullptr : track(fd, m, r.id, kPfs);
+    if (e) e->writable = e->gave_up = true;
+    tracked_now = e;
+    add(m, c_pfs_opens);
+  }
+  if (!tracked_now) {
+    untrack(fd);
+    opened_for_writing(fd);
+  }
+  return fd;
+}
+
 }  // namespace
+
+void changes(FdEntry* e) {
+  if (!e->writable) return;  // the kernel refuses the change (EBADF, EINVAL)
+  KeepErrno k;
+  // Every name of the inode (hard links), as an open for writing marks them.
+  JobMap* m = e->map;
+  const Attr* a = m->attr(e->file);
+  struct stat st {};
+  st.st_mode = S_IFREG;
+  st.st_dev = a ? dev_t(a->dev) : 0;
+  st.st_ino = ino_t(m->entry(e->file).ino);
+  if (a) mark_stale_inode(m, st);
+  mark_stale(m, e->file);
+}
 
 int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass) {
   // A name of a copy's descriptor (/proc/self/fd/N) opened for reading: the
@@ -293,6 +365,11 @@ int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass)
       }
       return fd;
     }
+  }
+  if (writes_later(flags) && P.enabled && owner()) {
+    JobMap* m;
+    Resolved r = where(dirfd, path, m);
+    if (r.where == Where::kFile) return open_writer(m, r, dirfd, path, flags, pass);
   }
   if (writes(flags)) {
     int fd = write_reaches_pfs(pass(), flags, mode);

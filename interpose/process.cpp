@@ -469,18 +469,31 @@ JobMap* load_map() {
 }
 
 // Descriptors of the job's copies this process inherited through exec (a
-// shell's redirection, a pass_fds): tracked like the copies they are.
+// shell's redirection, a pass_fds): tracked like the copies they are. And
+// descriptors open for writing below the dataset's root: an open for
+// writing is a change only once it writes through a descriptor the table
+// knows (open.cpp), and this program's table knows none of them, so their
+// files are changed now (writers_already_open, when the map is adopted).
 void adopt_inherited() {
   char marker[kPathMax + 16];
   std::snprintf(marker, sizeof marker, "/%s/data/", P.job_name);
-  for_each_open_fd([&marker](int fd) {
+  char root[PATH_MAX] = "";  // the root's real path: looked up at the first writer only
+  bool writer = false;
+  for_each_open_fd([&](int fd) {
     char link[64], target[PATH_MAX];
     std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
     ssize_t n = real::readlink(link, target, sizeof target - 1);
     if (n <= 0) return;
     target[n] = 0;
-    if (std::strstr(target, marker) && current_map()) track_copy(fd, true);  // (cheap test first)
+    if (std::strstr(target, marker) && current_map()) {  // (cheap test first)
+      track_copy(fd, true);
+    } else if (!writer && target[0] == '/' && (real::fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDONLY) {
+      if (!root[0] && !realpath(P.root, root)) std::strcpy(root, P.root);
+      writer =
+          has_prefix(target, root, std::strlen(root)) || has_prefix(target, P.root, P.root_len);
+    }
   });
+  if (writer) current_map();
 }
 
 void after_fork_child() {

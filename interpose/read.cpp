@@ -24,6 +24,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -211,6 +212,65 @@ Wait wait_copy(FdEntry* e, uint64_t pos, uint64_t end, uint32_t& tier, uint32_t&
   }
 }
 
+// A read served from `w` (bytes read whole at open, or a finished copy
+// mapped); -2 when the kernel refused the copy into the caller's buffer.
+ssize_t serve_whole(FdEntry* e, Whole* w, uint64_t pos, const iovec* iov, int cnt) {
+  ssize_t r = scatter(w->data, w->size, pos, iov, cnt);
+  if (r < 0) return r;
+  if (w->tier < 0) {
+    count_read(e, Source::kWhole, r);
+    return r;
+  }
+  e->tier = uint8_t(w->tier);
+  if (!e->switched) {
+    e->switched = true;
+    add(e->map, c_switches);
+  }
+  count_read(e, Source::kLocal, r);
+  return r;
+}
+
+// The finished copy of e's file on `tier`, mapped once into e's Whole (read
+// only, shared): from then on a read of the descriptor is the version check
+// and one process_vm_writev, not an open, a read and a close of the copy.
+// A mapping, not a held descriptor: a descriptor would change the numbers
+// open() returns and count against RLIMIT_NOFILE, which the program can
+// see; a mapping changes neither. A copy is published whole and never
+// written again (the stager writes a new one elsewhere and renames it), so
+// the mapping holds the indexed version's bytes for good, even once the
+// stager evicts or deletes the copy: that copy's space is then freed only
+// when the last duplicate of this descriptor is closed (and its Whole
+// retired). A mapping that would fault (the copy shorter than the index
+// says) is never made; a read whose copy into the caller's buffer fails
+// falls back to the PFS (scatter). Null when it cannot be mapped (the read
+// then opens the copy for the one call, as a partial copy's reads do).
+Whole* map_copy(FdEntry* e, uint32_t tier) {
+  if (Whole* w = __atomic_load_n(&e->whole, __ATOMIC_ACQUIRE)) return w;
+  JobMap* m = e->map;
+  uint64_t size = m->entry(e->file).size;
+  char path[2 * kPathMax + 64];
+  if (size == 0 || !copy_path(m, e->file, tier, path, sizeof path)) return nullptr;
+  int fd = real::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st;
+  void* p = real::fstat(fd, &st) == 0 && uint64_t(st.st_size) == size
+                ? real::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0)
+                : MAP_FAILED;
+  real::close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  Whole* w = make_whole(static_cast<char*>(p), size, int(tier));
+  if (!w) {
+    munmap(p, size);
+    return nullptr;
+  }
+  Whole* none = nullptr;  // another thread of this process may have mapped it meanwhile
+  if (__atomic_compare_exchange_n(&e->whole, &none, w, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return w;
+  munmap(p, size);
+  munmap(w, sizeof(Whole));
+  return none;
+}
+
 // Serves the read from the copy: complete, or the part already written.
 // Returns -2 when it could not (the caller reads the PFS).
 ssize_t read_copy(FdEntry* e, Wait how, uint32_t tier, uint32_t slot, uint64_t pos,
@@ -262,9 +322,8 @@ ssize_t read_pfs_kind(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, 
   uint64_t size = m->entry(e->file).size;
   uint64_t pos = p.at(), end = std::min<uint64_t>(pos + n, size), want = end > pos ? end - pos : 0;
   ssize_t r = -2;
-  if (Whole* w = e->whole) {
-    r = scatter(w->data, w->size, pos, iov, cnt);
-    if (r >= 0) count_read(e, Source::kWhole, r);
+  if (Whole* w = __atomic_load_n(&e->whole, __ATOMIC_ACQUIRE)) {
+    r = serve_whole(e, w, pos, iov, cnt);
   } else if (want == 0) {
     r = 0;
   } else {
@@ -281,8 +340,13 @@ ssize_t read_pfs_kind(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, 
         if (r == -2) e->gave_up = true;  // the stager could not: the PFS, for good
         break;
       }
+      if (how == Wait::kCopy) {
+        Whole* w = map_copy(e, tier);
+        r = w ? serve_whole(e, w, pos, iov, cnt)
+              : read_copy(e, how, tier, slot, pos, iov, cnt, want);
+        break;
+      }
       r = read_copy(e, how, tier, slot, pos, iov, cnt, want);
-      if (how == Wait::kCopy) break;
     }
   }
   if (r == -2) {  // the PFS, at the position this read starts at
@@ -320,10 +384,25 @@ ssize_t read_changed(int fd, FdEntry* e, const iovec* iov, int cnt, off_t off, b
 
 }  // namespace
 
+// The read path asks no system call to know which process it runs in (P.pid
+// is renewed after fork; owner() would be a getpid per read). A vfork child
+// (posix_spawn, Python's subprocess) runs here in its parent's memory until
+// exec, and it is safe: its descriptor table is its own copy of the
+// parent's, so an entry names an open file the child holds too, and every
+// read that could serve wrong bytes checks the claim against the child's
+// own descriptor first (identity(); a native read of a copy is right
+// whatever the table says). What it writes to the parent's memory is what
+// the parent could have written itself: counters (the child's reads count
+// as the thread's that called vfork), hints (gave_up, placed: the PFS for
+// that descriptor, a request sent), a copy mapped into the shared address
+// space, and an entry forgotten when its number names another file in the
+// child (the parent then reads that descriptor from the PFS: right bytes).
+// The thread that called vfork is suspended outside Monarch, so it holds no
+// entry lock; the parent's other threads and the child take the same locks.
 ssize_t on_read(int fd, const struct iovec* iov, int cnt, off_t off, bool positional,
                 Pass<ssize_t> pass) {
   FdEntry* e = tracked(fd);
-  if (!e || !owner()) return pass();  // a vfork child reads what the kernel gives it
+  if (!e) return pass();
   if (e->kind.load() == kLocal) {
     if (native_read(e)) return read_local(e, pass);
     return read_changed(fd, e, iov, cnt, off, positional, pass);
@@ -332,8 +411,8 @@ ssize_t on_read(int fd, const struct iovec* iov, int cnt, off_t off, bool positi
 }
 
 off_t on_lseek(int fd, off_t off, int whence, Pass<off_t> pass) {
-  FdEntry* e = tracked(fd);
-  if (!e || !owner()) return pass();
+  FdEntry* e = tracked(fd);  // no owner(): as on_read, safe in a vfork child
+  if (!e) return pass();
   if (e->kind.load() == kPfs) {  // not while an emulated read() moves the offset
     EntryLock lock(e);
     return pass();

@@ -614,9 +614,9 @@ class Gen {
     int f = stream_slot(true);
     std::string fs = "f" + num(f);
     // Weights: the common path (open, read, stat) most, every edge some.
-    static const int kWeights[] = {14, 3, 4, 1, 2, 1, 8, 7, 3, 3, 1, 6, 2, 3, 2, 2, 5,
-                                   1,  1, 2, 2, 1, 3, 1, 1, 4, 2, 4, 3, 3, 3, 2, 1, 2,
-                                   1,  1, 1, 2, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    static const int kWeights[] = {14, 3, 4, 1, 2, 1, 8, 7, 3, 3, 1, 6, 2, 3, 2, 2, 5, 1,
+                                   1,  2, 2, 1, 3, 1, 1, 4, 2, 4, 3, 3, 3, 2, 1, 2, 1, 1,
+                                   1,  2, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3};
     int total = 0;
     for (int w : kWeights) total += w;
     int x = int(pick(total)), which = 0;
@@ -815,6 +815,24 @@ class Gen {
         return "mkdir " + wpath(with_k("ds/w/K/m" + num(int64_t(pick(2)))));
       case 49:
         return "nofile " + num(1 + int64_t(pick(3))) + " " + path(read_target());
+      case 51: {
+        // Opened for reading and writing as SQLite and LMDB open (closed on
+        // exec): served until it writes; later ops read, write and read back.
+        int sl = free_slot();
+        std::string target = write_target();
+        std::string flags = std::string("RDWR|CLOEXEC") + (chance(30) ? "|APPEND" : "");
+        bool creat = chance(40);
+        slot_[sl] = {target, false, true};
+        return "open " + s(sl) + " " + wpath(target) + " " + flags + (creat ? "|CREAT 0644" : "");
+      }
+      case 52: {
+        // A shared file opened for reading and writing, read and closed in
+        // one op: never written (shared files stay as they are).
+        std::string t = kReadTargets[pick(kPlain)];
+        uint64_t size = size_hint(t);
+        return "rwread " + path(t) + " " + num(int64_t(length(size))) + " " + num(offset(size)) +
+               (chance(50) ? " CREAT" : " -");
+      }
       default:
         return "fsize " + num(1 + int64_t(pick(5000))) + " " + path(read_target());
     }
@@ -1634,6 +1652,27 @@ class Seq {
     return out;
   }
 
+  // Opens a file O_RDWR|O_CLOEXEC (|O_CREAT), reads it (pread, then read from
+  // the start), shows its size and flags, closes it: what SQLite does with a
+  // database it only queries.
+  std::string do_rwread(const std::vector<std::string>& t) {
+    int flags = O_RDWR | O_CLOEXEC | (t[4] == "CREAT" ? O_CREAT : 0);
+    int d = open(path(t[1]).c_str(), flags, 0644);
+    if (d < 0) return ret(d, errno);
+    long r = pread(d, g_buf, size_t(num(t[2])), off_t(num(t[3])));
+    int e = errno;
+    std::string out = "pread=" + ret(r, e) + data(g_buf, r);
+    r = read(d, g_buf, 5000);
+    e = errno;
+    out += " read=" + ret(r, e) + data(g_buf, r) + off(d);
+    struct stat st;
+    r = fstat(d, &st);
+    out += " size=" + (r == 0 ? std::to_string(st.st_size) : errname(errno));
+    out += " fl=" + std::to_string(fcntl(d, F_GETFL) & ~O_LARGEFILE);
+    r = close(d);
+    return out + " close=" + ret(r, errno);
+  }
+
   std::string dispatch(const std::vector<std::string>& t, const std::string& text,
                        const std::string& label) {
     const std::string& k = t[0];
@@ -1679,6 +1718,7 @@ class Seq {
     if (k == "truncate" || k == "unlink" || k == "rename" || k == "mkdir") return do_change(t);
     if (k == "nofile") return do_nofile(t);
     if (k == "fsize") return do_fsize(t);
+    if (k == "rwread") return do_rwread(t);
     die("unknown op: " + text);
   }
 

@@ -332,6 +332,45 @@ TEST_F(Handlers, WritesMakeTheFileStaleWhateverThePath) {
   real::close(r);
 }
 
+// An open for writing that does not change the file by itself
+// (sqlite3.connect, lmdb.open) is the program's own PFS descriptor and leaves
+// the file as it is, until a call that may change it through that open file.
+TEST_F(Handlers, AnOpenForWritingIsAChangeOnlyOnceItWrites) {
+  cache("a.bin", "dataset a");
+  cache("b.bin", "dataset b!");
+  cache("sub/c.bin", "dataset c");
+  int fd = open_((ds / "a.bin").string(), O_RDWR | O_CREAT);
+  ASSERT_GE(fd, 0);
+  ASSERT_NE(tracked(fd), nullptr);
+  EXPECT_EQ(tracked(fd)->kind.load(), kPfs);
+  EXPECT_TRUE(tracked(fd)->writable);
+  EXPECT_EQ(real::fcntl(fd, F_GETFL) & O_ACCMODE, O_RDWR);  // the PFS file's own descriptor
+  EXPECT_EQ(read_all(fd), "dataset a");
+  EXPECT_EQ(m->state(id("a.bin")).state, kCached);
+  auto fn = [&]() -> FILE* { return nullptr; };  // fdopen's own work does not matter here
+  on_fdopen(fd, "r", Pass<FILE*>(fn));           // a stream that cannot write
+  EXPECT_EQ(m->state(id("a.bin")).state, kCached);
+  changes(fd);  // what the write wrappers call first
+  EXPECT_EQ(m->state(id("a.bin")).state, kStale);
+  real::close(fd);
+  // Write-only (LMDB's meta pages): never served, a change once it writes.
+  fd = open_((ds / "b.bin").string(), O_WRONLY | O_APPEND);
+  ASSERT_NE(tracked(fd), nullptr);
+  EXPECT_EQ(m->state(id("b.bin")).state, kCached);
+  on_fdopen(fd, "a", Pass<FILE*>(fn));
+  EXPECT_EQ(m->state(id("b.bin")).state, kStale);
+  real::close(fd);
+  // O_TRUNC changes the file at once; a descriptor for reading never does.
+  int ro = open_((ds / "sub/c.bin").string());
+  changes(ro);
+  on_fdopen(ro, "r+", Pass<FILE*>(fn));
+  EXPECT_EQ(m->state(id("sub/c.bin")).state, kCached);
+  fd = open_((ds / "sub/c.bin").string(), O_RDWR | O_TRUNC);
+  EXPECT_EQ(m->state(id("sub/c.bin")).state, kStale);
+  real::close(fd);
+  real::close(ro);
+}
+
 TEST_F(Handlers, ErrnoIsTheKernelsOnEveryPath) {
   struct stat st;
   std::string missing = (ds / "sub/missing").string();
