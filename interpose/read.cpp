@@ -23,7 +23,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -351,49 +350,6 @@ off_t on_lseek(int fd, off_t off, int whence, Pass<off_t> pass) {
   KeepErrno k;
   real::close(pfd);
   return pos;
-}
-
-void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pass<void*> pass) {
-  FdEntry* e = tracked(fd);
-  if (!e || !owner()) return pass();
-  JobMap* m = e->map;
-  void* p = MAP_FAILED;
-  bool done = false;
-  if (e->kind.load() == kLocal && !native_read(e) && identity(fd, e)) {
-    int pfd = open_pfs(e, e->direct ? O_DIRECT : 0);  // a changed copy: map the PFS file
-    p = pfd >= 0 ? real::mmap(addr, len, prot, flags, pfd, off) : MAP_FAILED;
-    KeepErrno k;
-    if (pfd >= 0) real::close(pfd);
-    done = true;
-  } else if (e->kind.load() == kPfs && !e->gave_up) {
-    State s = m->state(e->file);
-    if (s.state == kCached && identity(fd, e)) {  // the finished copy, same version
-      char path[2 * kPathMax + 64];
-      int cfd = copy_path(m, e->file, s.tier, path, sizeof path)
-                    ? real::open(path, O_RDONLY | O_CLOEXEC)
-                    : -1;
-      if (cfd >= 0) {
-        p = real::mmap(addr, len, prot, flags, cfd, off);
-        KeepErrno k;
-        real::close(cfd);
-        done = p != MAP_FAILED;
-        if (done) e->tier = uint8_t(s.tier);
-      }
-    } else if (s.state == kNone && !e->placed) {
-      e->placed = true;
-      send(m, Request::kPlace, e->file);
-    }
-  }
-  if (!done) p = pass();
-  if (p != MAP_FAILED && tracked(fd)) {
-    KeepErrno k;
-    add(m, c_mmaps);
-    // Pages are read later, unseen: the mapped length stands for the bytes read.
-    uint64_t n = std::min<uint64_t>(len, m->entry(e->file).size);
-    bool local = (e->kind.load() == kLocal && native_read(e)) || (e->kind.load() == kPfs && done);
-    add(m, local ? c_tier_bytes + e->tier : c_pfs_served_bytes, n);
-  }
-  return p;
 }
 
 }  // namespace monarch
