@@ -387,31 +387,42 @@ void put_back_and_drop(Table* t, uintptr_t a, uintptr_t end) {
   }
 }
 
-// Records a mapping made on the PFS file of tracked descriptor `fd`.
-void record(void* p, size_t len, int prot, int flags, off_t off, int fd, FdEntry* e) {
+// Records a mapping of tracked descriptor `fd`'s file: made on the PFS file,
+// or on its copy (`moved`: the copy (dev, ino)), which goes back to the PFS
+// file if the job changes the file.
+void record(void* p, size_t len, int prot, int flags, off_t off, int fd, FdEntry* e, bool moved,
+            uint64_t dev = 0, uint64_t ino = 0) {
   JobMap* m = e->map;
   const Attr* a = m->attr(e->file);
   Table* t = make_table();
   if (!a || !t) return;
   bool rdwr = shared(flags) && (real::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDWR;
+  uint64_t pfs_ino = m->entry(e->file).ino;
   Locked lock(t);
   if (t->count == kRecords) return;
   Record& r = t->r[t->count++];
-  r = Record{uintptr_t(p), page_up(len),
-             off,          prot,
-             flags,        m,
-             e->file,      0,
-             false,        rdwr,
-             a->dev,       m->entry(e->file).ino,
-             a->dev,       m->entry(e->file).ino};
+  r = Record{uintptr_t(p),
+             page_up(len),
+             off,
+             prot,
+             flags,
+             m,
+             e->file,
+             0,
+             moved,
+             rdwr,
+             moved ? dev : a->dev,
+             moved ? ino : pfs_ino,
+             a->dev,
+             pfs_ino};
   g_maps_watch.store(&m->header().copies_changed, std::memory_order_relaxed);
 }
 
 // Would a mapping with these arguments be recorded? Never one that can be
 // written through, or locked, or of anything but whole pages of a file.
-bool recordable(int prot, int flags, off_t off) {
+bool recordable(int prot, int flags, off_t off, size_t len) {
   int type = flags & MAP_TYPE;
-  return (type == MAP_PRIVATE || type == MAP_SHARED || type == MAP_SHARED_VALIDATE) &&
+  return len > 0 && (type == MAP_PRIVATE || type == MAP_SHARED || type == MAP_SHARED_VALIDATE) &&
          !(prot & PROT_WRITE) && !(flags & (MAP_LOCKED | MAP_ANONYMOUS | MAP_GROWSDOWN)) &&
          off >= 0 && uint64_t(off) % page() == 0;
 }
@@ -486,8 +497,11 @@ void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pa
       if (cfd >= 0) {
         p = real::mmap(addr, len, prot, flags, cfd, off);
         KeepErrno k;
-        real::close(cfd);
+        struct stat st;
         done = p != MAP_FAILED;
+        if (done && recordable(prot, flags, off, len) && real::fstat(cfd, &st) == 0)
+          record(p, len, prot, flags, off, fd, e, true, st.st_dev, st.st_ino);
+        real::close(cfd);
         if (done) e->tier = uint8_t(s.tier);
       }
     } else if ((s.state == kNone || s.state == kQueued || s.state == kCopying) && !e->placed) {
@@ -497,11 +511,12 @@ void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pa
   }
   if (!done) {
     p = pass();
-    if (p != MAP_FAILED && e->kind.load() == kPfs && !e->gave_up && recordable(prot, flags, off) &&
-        len > 0 && tracked(fd) == e && identity(fd, e)) {
-      KeepErrno k;
-      record(p, len, prot, flags, off, fd, e);
-    }
+    KeepErrno k;
+    bool kept = p != MAP_FAILED && recordable(prot, flags, off, len) && tracked(fd) == e;
+    if (kept && e->kind.load() == kPfs && !e->gave_up && identity(fd, e))
+      record(p, len, prot, flags, off, fd, e, false);  // moves to the copy once it is there
+    else if (kept && native_read(e))  // the copy itself: back to the PFS if the job changes it
+      record(p, len, prot, flags, off, fd, e, true, e->dev, e->ino);
   }
   if (p != MAP_FAILED && tracked(fd)) {
     KeepErrno k;

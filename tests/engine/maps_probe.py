@@ -6,6 +6,7 @@
   lmdb DIR     one LMDB environment (readonly=True, lock=False), random gets
   mutate DIR   a mapping of DIR/big.dat made writable (mprotect) and written,
                and a mapping partly unmapped (munmap), once both were moved
+  write DIR    a mapping of DIR/big.dat on its copy, then the file written
 
 Prints one JSON line per epoch: the digest of what it read, the emulated
 PFS's counters after it (--counts), and the mappings of dataset files as the
@@ -149,9 +150,30 @@ def run_mutate(a):
         "private_after_mprotect": where(private, size)}), flush=True)
 
 
+def run_write(a):
+    """A shared mapping of DIR/big.dat on its copy, then the file written
+    through another descriptor: the mapping shows the write, as the kernel's
+    page cache does without Monarch."""
+    path = os.path.join(a.dir, "big.dat")
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    shared = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    os.close(fd)
+    name = {"big.dat"}
+    if a.wait_moved:
+        wait_moved(name, 60)
+    before = [m[3] for m in mappings(name)]
+    fd = os.open(path, os.O_WRONLY)
+    os.pwrite(fd, b"B" * 5000, 8192)
+    os.close(fd)
+    print(json.dumps({"on_copy_before": before, "on_copy_after": [m[3] for m in mappings(name)],
+                      "read": hashlib.md5(ctypes.string_at(shared, size)).hexdigest()}),
+          flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["memmap", "lmdb", "mutate"])
+    ap.add_argument("mode", choices=["memmap", "lmdb", "mutate", "write"])
     ap.add_argument("dir")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--reads", type=int, default=2000)
@@ -163,7 +185,7 @@ def main():
     a = ap.parse_args()
     global ROOT
     ROOT = os.path.realpath(a.dir)
-    {"memmap": run_memmap, "lmdb": run_lmdb, "mutate": run_mutate}[a.mode](a)
+    {"memmap": run_memmap, "lmdb": run_lmdb, "mutate": run_mutate, "write": run_write}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -125,6 +125,26 @@ class Maps(Case):
         # mprotect(PROT_WRITE): the PFS file is back in place first, as without Monarch.
         self.assertEqual(served["private_after_mprotect"], [[0, size, "rw-p", False]])
 
+    def test_mapping_on_a_copy_sees_the_jobs_write(self):
+        # A plain directory as the PFS (the emulated one is read-only): the
+        # write goes to the file while the mapping is on its copy.
+        outs = []
+        for monarch in (False, True):
+            d = tempfile.mkdtemp(prefix="monarch-maps-")
+            self.addCleanup(shutil.rmtree, d, True)
+            shutil.copy(os.path.join(npy_dataset(), "big.dat"), d)
+            args = [PY, PROBE, "write", d]
+            if monarch:
+                opts = ["--dataset", d, "--config", conf_file(self, tier(self))]
+                p = run(list(AFTER_INDEX) + args + ["--wait-moved"], monarch=opts)
+            else:
+                p = run(args)
+            outs.append(parse_epochs(p.stdout)[0])
+        direct, served = outs
+        self.assertEqual(served["read"], direct["read"], "the mapping's bytes after the write")
+        self.assertEqual(served["on_copy_before"], [True], "the mapping was on the copy")
+        self.assertEqual(served["on_copy_after"], [False], "and back on the file after the write")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
