@@ -415,7 +415,11 @@ void record(void* p, size_t len, int prot, int flags, off_t off, int fd, FdEntry
              moved ? ino : pfs_ino,
              a->dev,
              pfs_ino};
-  g_maps_watch.store(&m->header().copies_changed, std::memory_order_relaxed);
+  // The next call looks, whatever it saw before: the copy may have been
+  // published since this mmap found none (or the map be a new stager's).
+  std::atomic<uint64_t>& changed = m->header().copies_changed;
+  g_maps_seen.store(changed.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+  g_maps_watch.store(&changed, std::memory_order_relaxed);
 }
 
 // Would a mapping with these arguments be recorded? Never one that can be
