@@ -69,8 +69,9 @@ off_t on_lseek(int fd, off_t off, int whence, Pass<off_t> pass);
 // ---- mappings (mappings.cpp; what they promise: mappings.h) ----
 void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pass<void*> pass);
 int on_munmap(void* addr, size_t len, Pass<int> pass);
-// mremap of [addr, addr + len): moved mappings there go back to the PFS first.
-void* on_mremap(void* addr, size_t len, Pass<void*> pass);
+// mremap of [addr, addr + len) (to `to` with MREMAP_FIXED): moved mappings
+// there go back to the PFS first.
+void* on_mremap(void* addr, size_t len, size_t new_len, int flags, void* to, Pass<void*> pass);
 int on_mprotect(void* addr, size_t len, int prot, Pass<int> pass);
 int on_madvise(void* addr, size_t len, int advice, Pass<int> pass);
 // mlock, mlock2, and mlockall (all: with MCL_CURRENT): locked pages are never moved.

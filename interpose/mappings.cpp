@@ -476,7 +476,24 @@ void maps_after_fork() {
   if (Table* t = table()) t->lock.clear();
 }
 
+namespace {
+
+// A mapping made over recorded ones (MAP_FIXED) unmaps them first.
+void forget(void* addr, size_t len) {
+  Table* t = table();
+  if (!t) return;
+  Locked lock(t);
+  uintptr_t a = uintptr_t(addr), end = page_up(a + len);
+  isolate(t, a, end);
+  for (int i = t->count - 1; i >= 0; --i)
+    if (overlaps(t->r[i], a, end)) drop(t, i);
+}
+
+}  // namespace
+
 void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pass<void*> pass) {
+  if ((flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) == MAP_FIXED && table() && owner())
+    forget(addr, len);
   FdEntry* e = tracked(fd);
   if (!e || !owner()) return pass();
   JobMap* m = e->map;
@@ -548,11 +565,13 @@ int on_munmap(void* addr, size_t len, Pass<int> pass) {
   return r;
 }
 
-void* on_mremap(void* addr, size_t len, Pass<void*> pass) {
+void* on_mremap(void* addr, size_t len, size_t new_len, int flags, void* to, Pass<void*> pass) {
   Table* t = table();
   if (!t || !owner()) return pass();
   // The kernel moves or grows what is there: the PFS file's mapping, as
-  // without Monarch; the result is not recorded (it stays on the PFS).
+  // without Monarch; the result is not recorded (it stays on the PFS). A
+  // fixed target unmaps what was there.
+  if (flags & MREMAP_FIXED) forget(to, new_len);
   Locked lock(t);
   uintptr_t a = uintptr_t(addr);
   put_back_and_drop(t, a, page_up(a + std::max<size_t>(len, 1)));
