@@ -27,6 +27,7 @@ namespace monarch {
 
 std::atomic<const std::atomic<uint64_t>*> g_maps_watch{nullptr};
 std::atomic<uint64_t> g_maps_seen{0};
+bool g_maps_by_lines = false;
 
 namespace {
 
@@ -264,8 +265,9 @@ bool kernel_shows(const Record& r, uint64_t dev, uint64_t ino) {
     ProcmapQuery q{};
     q.size = sizeof q;
     q.query_addr = pos;
-    if (ioctl(fd, kProcmapQuery, &q) != 0) {
-      ok = !queried && (errno == ENOTTY || errno == EINVAL) && shows_by_lines(fd, r, dev, ino);
+    if (g_maps_by_lines || ioctl(fd, kProcmapQuery, &q) != 0) {
+      ok = !queried && (g_maps_by_lines || errno == ENOTTY || errno == EINVAL) &&
+           shows_by_lines(fd, r, dev, ino);
       break;
     }
     queried = true;

@@ -64,6 +64,10 @@ void maps_stale(JobMap* m, uint32_t file);
 // mappings).
 void maps_after_fork();
 
+// For tests: the kernel's view read from /proc/self/maps line by line, as
+// on kernels before 6.11 (no PROCMAP_QUERY).
+extern bool g_maps_by_lines;
+
 // For tests: the records, as (address, length, moved) triples, into `out`;
 // returns how many there are.
 int maps_records(uintptr_t* addr, size_t* len, bool* moved, int cap);

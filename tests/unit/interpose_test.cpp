@@ -631,23 +631,30 @@ void published(JobMap* m) {
   maps_check();
 }
 
+// The kernel's view by PROCMAP_QUERY, then by /proc/self/maps's lines (older kernels).
 TEST_F(Handlers, AMappingMadeBeforeItsCopyMovesToItAndBackWhenTheFileChanges) {
-  int fd = open_((ds / "b.bin").string());
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(tracked(fd)->kind.load(), kPfs);
-  auto* p = static_cast<const char*>(mmap_(nullptr, 10, PROT_READ, MAP_SHARED, fd));
-  ASSERT_NE(p, MAP_FAILED);
-  real::close(fd);
-  EXPECT_EQ(mapped_path(p), fs::canonical(ds / "b.bin").string());
-  cache("b.bin", "dataset b!");
-  published(m);
-  EXPECT_EQ(mapped_path(p), (job / "data/b.bin").string());  // moved, same address
-  EXPECT_EQ(std::string(p, 10), "dataset b!");
-  mark_stale(m, id("b.bin"));  // the job writes it: the PFS file first
-  EXPECT_EQ(mapped_path(p), fs::canonical(ds / "b.bin").string());
-  EXPECT_EQ(std::string(p, 10), "dataset b!");
-  EXPECT_EQ(munmap_(const_cast<char*>(p), 10), 0);
-  EXPECT_EQ(mapped_path(p), "");
+  for (bool by_lines : {false, true}) {
+    SCOPED_TRACE(by_lines ? "/proc/self/maps" : "PROCMAP_QUERY");
+    g_maps_by_lines = by_lines;
+    m->entry(id("b.bin")).state = make_state(kNone);
+    int fd = open_((ds / "b.bin").string());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(tracked(fd)->kind.load(), kPfs);
+    auto* p = static_cast<const char*>(mmap_(nullptr, 10, PROT_READ, MAP_SHARED, fd));
+    ASSERT_NE(p, MAP_FAILED);
+    real::close(fd);
+    EXPECT_EQ(mapped_path(p), fs::canonical(ds / "b.bin").string());
+    cache("b.bin", "dataset b!");
+    published(m);
+    EXPECT_EQ(mapped_path(p), (job / "data/b.bin").string());  // moved, same address
+    EXPECT_EQ(std::string(p, 10), "dataset b!");
+    mark_stale(m, id("b.bin"));  // the job writes it: the PFS file first
+    EXPECT_EQ(mapped_path(p), fs::canonical(ds / "b.bin").string());
+    EXPECT_EQ(std::string(p, 10), "dataset b!");
+    EXPECT_EQ(munmap_(const_cast<char*>(p), 10), 0);
+    EXPECT_EQ(mapped_path(p), "");
+  }
+  g_maps_by_lines = false;
 }
 
 TEST_F(Handlers, AMovedMappingMadeWritableIsThePfsFilesAgain) {
