@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 
+#include "client.h"
 #include "fdtable.h"
 #include "handlers.h"
 #include "process.h"
@@ -46,12 +48,38 @@ int on_fclose(FILE* f, Pass<int> pass) {
     if (e->stream) {  // stdio reads are not seen: count what the stream consumed
       // At most the file: a stream seeked past its end read nothing there.
       off_t pos = real::lseek(fd, 0, SEEK_CUR);
-      uint64_t n = pos > 0 ? std::min<uint64_t>(uint64_t(pos), e->map->entry(e->file).size) : 0;
-      if (n) count_read(e, e->kind.load() == kLocal ? Source::kLocal : Source::kStream, ssize_t(n));
+      uint64_t end = pos > 0 ? std::min<uint64_t>(uint64_t(pos), e->map->entry(e->file).size) : 0;
+      uint64_t n = end > e->stream_from ? end - e->stream_from : 0;
+      if (n) count_read(e, Source::kStream, ssize_t(n));
     }
     untrack(e);
   }
   return pass();
+}
+
+FILE* on_fdopen(int fd, const char* mode, Pass<FILE*> pass) {
+  FdEntry* e = tracked(fd);
+  if (!e || !owner()) return pass();
+  FILE* f = pass();
+  if (!f) return f;
+  KeepErrno k;
+  if (!mode || mode[0] != 'r' || std::strchr(mode, '+')) {
+    mark_stale(e->map, e->file);  // stdio's writes are unseen: changed from now on
+    return f;
+  }
+  if (!identity(fd, e)) return f;
+  off_t pos = real::lseek(fd, 0, SEEK_CUR);
+  e->stream = true;
+  e->stream_from = pos > 0 ? uint64_t(pos) : 0;
+  // A PFS descriptor's stream reads the PFS this time; its next open finds
+  // the copy (a copy under way goes on).
+  JobMap* m = e->map;
+  if (e->kind.load() == kPfs && !e->placed && m->state(e->file).state == kNone &&
+      m->stager_alive(monotonic_ns()) && !m->header().copies_off.load()) {
+    e->placed = true;
+    send(m, Request::kPlace, e->file);
+  }
+  return f;
 }
 
 int on_dup(int oldfd, Pass<int> pass) {

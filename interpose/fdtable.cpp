@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
+#include <algorithm>
 #include <new>
 
 #include "handlers.h"
@@ -93,6 +94,7 @@ FdEntry* track(int fd, JobMap* m, uint32_t file, Kind kind) {
   e->map = m;
   e->dev = e->ino = 0;
   e->whole = nullptr;
+  e->stream_from = 0;
   e->kind.store(kind, std::memory_order_release);
   return e;
 }
@@ -132,6 +134,7 @@ void duplicate(FdEntry* from, int to) {
   e->gave_up = from->gave_up;
   e->placed = from->placed;
   e->stream = false;
+  e->stream_from = 0;
   e->switched = from->switched;
   e->lock.clear();
   e->file = from->file;
@@ -190,6 +193,15 @@ ProcSlot& claim_slot(JobMap* m) {
 void count_read(FdEntry* e, Source source, ssize_t r, uint64_t ns) {
   if (r < 0) return;
   JobMap* m = e->map;
+  uint64_t reads = 1;
+  if (source == Source::kStream) {
+    reads = stream_reads(uint64_t(r), m->entry(e->file).size, m->attr(e->file));
+    if (e->kind.load(std::memory_order_relaxed) == kLocal) {
+      add(m, c_tier_reads + e->tier, reads);
+      add(m, c_tier_bytes + e->tier, r);
+      return;
+    }
+  }
   switch (source) {
     case Source::kLocal:
       add(m, c_tier_reads + e->tier, 1);
@@ -214,11 +226,23 @@ void count_read(FdEntry* e, Source source, ssize_t r, uint64_t ns) {
       m->header().ahead_touched.fetch_add(uint64_t(r), std::memory_order_relaxed);
       [[fallthrough]];
     case Source::kStream:
-      add(m, c_pfs_served_reads, 1);
+      add(m, c_pfs_served_reads, reads);
       add(m, c_pfs_served_bytes, r);
-      add(m, c_pfs_reads, 1);
+      add(m, c_pfs_reads, reads);
       add(m, c_pfs_bytes, r);
       add(m, c_pfs_read_ns, ns);
+  }
+}
+
+void count_mapping(JobMap* m, uint32_t file, uint64_t off, uint64_t len, bool local) {
+  uint64_t size = m->entry(file).size;
+  uint64_t n = off < size ? std::min(len, size - off) : 0;
+  ProcSlot& s = slot(m);
+  add(s, c_mmaps);
+  add(s, c_mmap_bytes, n);
+  if (local) {
+    add(s, c_mmap_local);
+    add(s, c_mmap_local_bytes, n);
   }
 }
 

@@ -53,15 +53,16 @@ struct FdEntry {
   bool shared;    // dup'd or inherited: the offset may move under us, read() is not emulated
   bool gave_up;   // kPfs: never served from a copy again (stall, version, failure)
   bool placed;    // kPfs: a kPlace was sent for it
-  bool stream;    // opened by fopen: reads are not seen, the offset is counted at fclose
+  bool stream;    // a stdio stream's (fopen, fdopen): reads are not seen, counted at fclose
   bool switched;  // kPfs: already counted as reading from a finished copy
   bool direct;    // kLocal: O_DIRECT set since open: reads are made on the PFS file
   std::atomic_flag lock;  // kPfs: emulated read() and lseek of one descriptor, between threads
   uint32_t file;
   uint32_t ofd;  // the open file (kernel's open file description): shared by duplicates
   JobMap* map;
-  uint64_t dev, ino;  // kLocal: the copy's identity, checked before the table is believed
-  Whole* whole;       // kPfs: the bytes read whole at open, or null
+  uint64_t dev, ino;     // kLocal: the copy's identity, checked before the table is believed
+  Whole* whole;          // kPfs: the bytes read whole at open, or null
+  uint64_t stream_from;  // stream: the offset it started reading at
 };
 
 constexpr int kChunkBits = 10, kChunks = 1024;  // descriptors below 2^20 are tracked
@@ -157,11 +158,32 @@ inline void count_local(FdEntry* e, ssize_t r) {
 }
 
 // Where a read's bytes came from, for the counters. kStream: what a stdio
-// stream consumed of the PFS file, known only from its position at fclose
-// (its reads are stdio's own): counted, but no evidence for stage-ahead,
-// since a position is not bytes read (a stream seeked to its end, closed
-// again and again, read nothing).
+// stream consumed of the file (its copy or the PFS file, by the entry's
+// kind), known only from its position at fclose (its reads are stdio's own):
+// counted as the reads the kernel saw (stream_reads), but no evidence for
+// stage-ahead, since a position is not bytes read (a stream seeked to its
+// end, closed again and again, read nothing).
 enum class Source { kLocal, kWhole, kPeer, kPfs, kStream };
+
+// The read calls a stdio stream made to consume `bytes` of a file of `size`
+// bytes: glibc reads through a buffer of min(BUFSIZ, st_blksize) bytes
+// (libio's filedoalloc; `a`: the file's indexed stat, null: BUFSIZ), one
+// read a buffer, and one more that finds the end of a file read to its end.
+// Exact for loops of freads, fgets or fscanf smaller than the buffer; a
+// fread of a whole buffer or more goes to the kernel in one read, which this
+// over-counts by as many times as the fread is larger (measured:
+// tests/engine/test_counts.py).
+inline uint64_t stream_reads(uint64_t bytes, uint64_t size, const Attr* a) {
+  uint64_t buf = 8192;  // BUFSIZ
+  if (a && a->blksize > 0 && a->blksize < buf) buf = a->blksize;
+  return (bytes + buf - 1) / buf + (bytes >= size ? 1 : 0);
+}
 void count_read(FdEntry* e, Source source, ssize_t r, uint64_t ns = 0);
+
+// A mapping of dataset file `file` that the kernel made, `len` bytes from
+// offset `off`, of a node-local copy (`local`) or of the PFS file. Its pages
+// are read later, unseen: it is counted apart from reads (mmaps, mmap_bytes:
+// the part of the span inside the file), never as bytes read.
+void count_mapping(JobMap* m, uint32_t file, uint64_t off, uint64_t len, bool local);
 
 }  // namespace monarch

@@ -94,6 +94,10 @@ ssize_t on_transfer(int fd_in, const off_t* at, PassFd<ssize_t> call, Pass<ssize
 // ---- descriptors (descriptors.cpp) ----
 int on_close(int fd, Pass<int> pass);
 int on_fclose(FILE* f, Pass<int> pass);
+// A stream on a descriptor (numpy.fromfile: a dup of Python's descriptor):
+// its reads are stdio's own, unseen, so it is counted as fopen's streams are
+// and asks for the file's copy; a writing mode on a dataset file is a change.
+FILE* on_fdopen(int fd, const char* mode, Pass<FILE*> pass);
 int on_dup(int oldfd, Pass<int> pass);
 int on_dup2(int oldfd, int newfd, Pass<int> pass);
 int on_fcntl(int fd, int cmd, void* arg, Pass<int> pass);

@@ -351,6 +351,10 @@ bool move(Record& r, uint32_t tier) {
   if (!ok) return false;
   r.moved = true;
   r.dev = uint64_t(st.st_dev), r.ino = uint64_t(st.st_ino);
+  // Its bytes are the copy's from now on (count_mapping counted the mapping
+  // itself at the mmap: a piece of a split one moves on its own, so only bytes).
+  uint64_t size = m->entry(r.file).size, at = uint64_t(r.off);
+  add(m, c_mmap_local_bytes, at < size ? std::min<uint64_t>(r.len, size - at) : 0);
   note("a mapping of %.*s (%zu bytes at offset %lld) moved to its copy",
        int(m->path(r.file).size()), m->path(r.file).data(), r.len, (long long)r.off);
   return true;
@@ -543,11 +547,8 @@ void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pa
   }
   if (p != MAP_FAILED && tracked(fd)) {
     KeepErrno k;
-    add(m, c_mmaps);
-    // Pages are read later, unseen: the mapped length stands for the bytes read.
-    uint64_t n = std::min<uint64_t>(len, m->entry(e->file).size);
     bool local = (e->kind.load() == kLocal && native_read(e)) || (e->kind.load() == kPfs && done);
-    add(m, local ? c_tier_bytes + e->tier : c_pfs_served_bytes, n);
+    count_mapping(m, e->file, uint64_t(off), len, local);
   }
   return p;
 }

@@ -36,7 +36,11 @@ FdEntry* local_copy(int fd) {
 
 int on_stat(int dirfd, const char* path, struct stat* st, int flags, Pass<int> pass) {
   if ((flags & AT_EMPTY_PATH) && (!path || !*path)) return on_fstat(dirfd, st, pass);
-  if (int n = magic_fd(path); n >= 0 && local_copy(n)) return on_fstat(n, st, pass);
+  // /proc/self/fd/N not followed is the link itself, the kernel's whatever the
+  // descriptor opened (mode, size 64, the link's own inode): the call as made.
+  if (int n = magic_fd(path); n >= 0 && local_copy(n)) {
+    return flags & AT_SYMLINK_NOFOLLOW ? pass() : on_fstat(n, st, pass);
+  }
   if (flags & ~(AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT) || !owner()) return pass();
   JobMap* m;
   Resolved r = where(dirfd, path, m);
@@ -71,8 +75,8 @@ int on_fstat(int fd, struct stat* st, Pass<int> pass) {
 int on_statx(int fd, const char* path, int flags, unsigned mask, struct statx* stx, Pass<int> pass,
              PassFd<int> on_fd) {
   if ((flags & AT_EMPTY_PATH) && (!path || !*path)) {
-  } else if (int n = magic_fd(path); n >= 0) {  // /proc/self/fd/N: the descriptor itself
-    fd = n;
+  } else if (int n = magic_fd(path); n >= 0 && !(flags & AT_SYMLINK_NOFOLLOW)) {
+    fd = n;  // /proc/self/fd/N followed: the descriptor itself (not followed: the link's own)
   } else {
     return pass();
   }

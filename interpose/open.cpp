@@ -212,6 +212,7 @@ void read_whole(JobMap* m, uint32_t file, int fd, FdEntry* e) {
 // under way. `failed`: the comparison's stat failed (the open will say why).
 State open_state(JobMap* m, uint32_t file, int dirfd, const char* path, bool& failed) {
   add(m, c_opens);
+  add(m, c_pass_opens + file % kPassBuckets);  // what tells passes from re-reads (stats.cpp)
   failed = false;
   State s = m->state(file);
   if (m->consistency() == 1 && s.state != kStale) {  // the PFS file is compared at every open
@@ -310,9 +311,16 @@ int on_open(int dirfd, const char* path, int flags, mode_t mode, Pass<int> pass)
       (flags & O_TMPFILE) == O_TMPFILE) {
     int fd = pass();
     if (fd >= 0) untrack(fd);  // a number reused behind Monarch's back
+    if (fd >= 0) reached(r, dirfd, path, flags, fd, false);  // a dataset file by another path?
     return fd;
   }
   return open_file(m, r, dirfd, path, flags, pass);
+}
+
+void serve_opened(JobMap* m, uint32_t file, int dirfd, const char* path, int fd, bool stream) {
+  bool failed;
+  State s = open_state(m, file, dirfd, path, failed);
+  if (!failed) opened_pfs(m, file, s, fd, stream);
 }
 
 FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
@@ -336,6 +344,8 @@ FILE* on_fopen(const char* path, const char* mode, Pass<FILE*> pass) {
   if (r.where != Where::kFile) {
     FILE* f = pass();
     if (f) untrack(fileno(f));
+    if (f)
+      reached(r, AT_FDCWD, path, O_RDONLY, fileno(f), true);  // a dataset file by another path?
     return f;
   }
   // The stream itself is glibc's own, made by its fopen (flags, close-on-exec,

@@ -19,6 +19,7 @@
 #include "fdtable.h"
 #include "handlers.h"
 #include "mappings.h"
+#include "serve.h"
 
 namespace monarch {
 
@@ -238,12 +239,13 @@ bool index_mounts_here(const JobMap& m, const char* base) {
 // container's second bind over /data/sub), or a file system the index
 // crossed that is not mounted there. Monarch would serve the index's bytes
 // where the kernel reads others. Mount points are the kernel's names: each
-// view is judged by its own (`real`).
-void drop_shadowed(Located& l, const JobMap& m) {
+// view is judged by its own (`real`). Only the views from `first` on are
+// judged (those before it were, and descriptors name them by their index).
+void drop_shadowed(Located& l, const JobMap& m, int first = 0) {
   bool shadowed[kViews] = {};
-  for (int i = 0; i < l.views; ++i) shadowed[i] = !index_mounts_here(m, l.real[i]);
+  for (int i = first; i < l.views; ++i) shadowed[i] = !index_mounts_here(m, l.real[i]);
   for_each_mount([&](const Mount& mt) {
-    for (int i = 0; i < l.views; ++i) {
+    for (int i = first; i < l.views; ++i) {
       const char* point = mt.point.data();  // NUL-terminated: parse_mount cut the line there
       size_t len = std::strlen(l.real[i]), skip = len + 1;  // the view and its '/'
       if (mt.point.size() > skip && has_prefix(point, l.real[i], len) &&
@@ -633,6 +635,7 @@ bool early_views() {
   if (real::stat(P.root, &st) != 0 || !S_ISDIR(st.st_mode)) return false;
   Located* l = new_located();
   if (!l) return false;
+  P.root_dev_hint = uint64_t(st.st_dev);
   add_view(*l, st.st_dev, st.st_ino, {P.root, P.root_len});
   if (l->views == 1) add_mount_views(*l, st.st_dev, st.st_ino, l->real[0]);
   if (l->views == 0) std::memcpy(l, &located(), sizeof *l);  // unreadable: the path given only
@@ -845,4 +848,84 @@ __attribute__((constructor)) void init() {
 }
 
 }  // namespace
+namespace {
+
+// Makes `root` (a path here, lexically normal) a view of the dataset of `m`,
+// the map in use, if it reaches the root (identity) and shows what the index
+// holds below it (drop_shadowed). The new Located is published whole; the
+// views before it keep their indexes. One thread at a time (P.loading); a
+// thread that finds another learning or loading gives up, uncounted (its
+// path is learned at a later open).
+bool learn_view(const JobMap& m, const char* root) {
+  if (!owner() || P.loading.exchange(1)) return false;
+  NoCancel no_cancel;  // `loading` is held across stats and reads
+  // Built in a scratch copy (one at a time, under P.loading), made a
+  // never-freed Located only once it holds a new view.
+  static Located scratch;
+  const Located& old = located();
+  bool learned = false;
+  if (P.map.load() == &m && old.views < kViews) {
+    std::memcpy(&scratch, &old, sizeof scratch);
+    add_view(scratch, m.root_dev(), m.root_ino(), root);
+    if (scratch.views > old.views) drop_shadowed(scratch, m, old.views);
+    Located* l = scratch.views > old.views ? new_located() : nullptr;
+    if (l) {
+      std::memcpy(l, &scratch, sizeof *l);
+      P.located = l;
+      learned = true;
+    }
+  }
+  if (learned) {
+    note("the dataset is at %s here%s: a path that opened a dataset file", root,
+         located().physical[located().views - 1] ? "" : " (through a link)");
+    update_cwd_hint();
+    find_ancestors();
+  } else {
+    P.learn_failed.fetch_add(1);
+  }
+  P.loading = 0;
+  return learned;
+}
+
+}  // namespace
+
+void reached(const Resolved& r, int dirfd, const char* path, int flags, int fd, bool stream) {
+  if (r.where != Where::kOutside || fd < 0 || !P.enabled || !path || !*path ||
+      (path[0] != '/' && dirfd != AT_FDCWD) ||
+      (flags & (O_ACCMODE | O_TRUNC | O_CREAT | O_PATH | O_DIRECTORY | O_DIRECT | O_NOATIME)) ||
+      (flags & O_TMPFILE) == O_TMPFILE)
+    return;
+  // The cap: once every view is taken, or learning failed too often, or
+  // while nothing tells the dataset's device, an open outside the views
+  // costs nothing more than before.
+  if (!learning()) return;
+  JobMap* m = P.map.load(std::memory_order_acquire);
+  uint64_t hint = P.root_dev_hint.load(std::memory_order_relaxed);
+  KeepErrno keep;
+  struct stat st;
+  if (real::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return;
+  if (m ? !m->dataset_dev(st.st_dev) : uint64_t(st.st_dev) != hint) return;
+  // On the dataset's device: its map (loaded now, at most once per 5 ms,
+  // for the process that reads the dataset only through such paths).
+  if (!m && (!(m = current_map()) || !m->dataset_dev(st.st_dev))) return;
+  bool indexed = false;
+  m->for_each_inode(st.st_dev, st.st_ino, [&](uint32_t) { indexed = true; });
+  if (!indexed) return;
+  // A dataset file. Where its root is along the path: for each of its names
+  // in the index (hard links), the prefix the rest of the path is that name.
+  char cwd[PATH_MAX] = "";
+  if (path[0] != '/' && !getcwd(cwd, sizeof cwd)) return;
+  char root[kPathMax] = "";
+  m->for_each_inode(st.st_dev, st.st_ino, [&](uint32_t f) {
+    if (!root[0]) root_along(cwd, path, m->path(f), root, sizeof root);
+  });
+  if (!root[0] || !learn_view(*m, root)) return;
+  // Through the new view the path resolves as any dataset path does: served
+  // when it names, as the kernel would, the very file `fd` is.
+  JobMap* now;
+  Resolved in = where(dirfd, path, now);
+  if (in.where == Where::kFile && now == m && m->entry(in.id).ino == uint64_t(st.st_ino))
+    serve_opened(m, in.id, dirfd, path, fd, stream);
+}
+
 }  // namespace monarch

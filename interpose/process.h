@@ -80,6 +80,14 @@ struct Process {
     uint64_t dev, ino;
   } ancestors[kAncestors];
   std::atomic<int> ancestor_count;
+  // The device of the dataset root as given, stat'ed before any map (0:
+  // unknown): an open outside every view of a file on it may be a dataset
+  // file reached through a path Monarch does not know (reached()).
+  std::atomic<uint64_t> root_dev_hint;
+  // Paths that reached a dataset file but whose root could not be made a
+  // view (shadowed by a mount, no memory...): after kLearnTries, no more tries.
+  static constexpr int kLearnTries = 16;
+  std::atomic<int> learn_failed;
 };
 extern Process P;
 
@@ -149,6 +157,34 @@ inline bool outside(int dirfd, const char* path) {
   for (int i = 0; i < l.views; ++i)
     if (has_prefix(path, l.view[i], l.len[i])) return false;
   return true;
+}
+
+// After an open for reading outside every view succeeded (`r` is kOutside;
+// `fd` from `path`, absolute or relative to the current directory): if `fd`
+// is a regular file on a device of the dataset and the index holds its
+// (device, inode), the path reached the dataset by a spelling Monarch did not
+// know (a symbolic link outside the dataset, a bind mount made later). The
+// prefix of `path` that is the dataset root, checked by identity, becomes a
+// view (published in a new Located, while views are free), so later opens
+// through it find copies, and `fd` is served as the PFS descriptor of that
+// file (serve_opened). Costs one fstat an open while views are free, none
+// once they are all taken. Never changes errno.
+void reached(const Resolved& r, int dirfd, const char* path, int flags, int fd, bool stream);
+
+// (open.cpp) `fd`, the caller's own PFS descriptor of dataset file `file`
+// opened by `path` for reading: counted and tracked as an open of that file
+// that found no copy is.
+void serve_opened(JobMap* m, uint32_t file, int dirfd, const char* path, int fd, bool stream);
+
+// True while an open outside every view may still reach the dataset by a
+// path Monarch does not know (reached() can learn a view): the open wrappers
+// then take the handler's path for such opens too, instead of the real call
+// alone. Inline: it is what an open outside the dataset costs besides outside().
+inline bool learning() {
+  return P.enabled && P.learn_failed.load(std::memory_order_relaxed) < Process::kLearnTries &&
+         (P.map.load(std::memory_order_relaxed) ||
+          P.root_dev_hint.load(std::memory_order_relaxed)) &&
+         located().views < kViews;
 }
 
 // Sets up the library from the environment (the constructor calls it; tests

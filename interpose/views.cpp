@@ -1,6 +1,7 @@
 #include "views.h"
 
 #include <fcntl.h>
+#include <limits.h>
 
 #include <cstring>
 
@@ -95,6 +96,58 @@ bool read_mounts(void (*fn)(const Mount&, void*), void* arg) {
   }
   real::close(fd);
   return whole;
+}
+
+size_t root_along(std::string_view cwd, std::string_view path, std::string_view rel, char* out,
+                  size_t cap) {
+  if (path.empty() || rel.empty() || rel[0] == '/' || rel.back() == '/') return 0;
+  bool relative = path[0] != '/';
+  if (relative && (cwd.empty() || cwd[0] != '/')) return 0;
+  // The absolute path, on the stack: opens run in signal handlers.
+  char abs[2 * PATH_MAX + 2];
+  size_t len = 0;
+  for (std::string_view part : {relative ? cwd : std::string_view(), std::string_view("/"), path}) {
+    if (len + part.size() >= sizeof abs) return 0;
+    std::memcpy(abs + len, part.data(), part.size());
+    len += part.size();
+  }
+  // The next component before `end`, skipping empty ones and "."; sets `end`
+  // to where it starts. Empty at the path's start.
+  auto previous = [&](size_t& end) {
+    for (;;) {
+      while (end > 0 && abs[end - 1] == '/') --end;
+      size_t start = end;
+      while (start > 0 && abs[start - 1] != '/') --start;
+      std::string_view c(abs + start, end - start);
+      end = start;
+      if (c != ".") return c;
+    }
+  };
+  // rel's components, last first, are the path's last ones.
+  size_t end = len;
+  for (size_t r = rel.size(); r > 0;) {
+    size_t start = rel.rfind('/', r - 1);
+    start = start == std::string_view::npos ? 0 : start + 1;
+    if (start == r || previous(end) != std::string_view(rel.data() + start, r - start)) return 0;
+    r = start == 0 ? 0 : start - 1;
+  }
+  // What is before them, lexically normal; ".." makes it unknowable.
+  size_t n = 0;
+  for (size_t at = 0; at < end;) {
+    while (at < end && abs[at] == '/') ++at;
+    size_t stop = at;
+    while (stop < end && abs[stop] != '/') ++stop;
+    std::string_view c(abs + at, stop - at);
+    at = stop;
+    if (c.empty() || c == ".") continue;
+    if (c == ".." || n + 1 + c.size() >= cap) return 0;
+    out[n++] = '/';
+    std::memcpy(out + n, c.data(), c.size());
+    n += c.size();
+  }
+  if (n == 0) return 0;
+  out[n] = 0;
+  return n;
 }
 
 }  // namespace monarch

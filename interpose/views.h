@@ -62,6 +62,18 @@ void mount_candidates(const Mount& m, std::string_view host_path, Fn fn);
 template <typename Fn>
 bool for_each_mount(Fn fn);
 
+// Where the dataset root is along the path a dataset file was opened by:
+// the prefix of `path` (absolute, or relative to the absolute `cwd`) whose
+// remaining components are the file's path in the index, `rel` ("a/b/x" for
+// the file x of directory a/b). "/home/me/data" for "/home/me/data/a/b/x".
+// Empty and "." components are skipped; ".." anywhere gives nothing (after a
+// symbolic link the kernel's ".." is not the lexical one). Writes the prefix,
+// lexically normal and without a trailing '/', to `out` and returns its
+// length; 0 when `rel` is not the path's tail, the prefix is "/" or it does
+// not fit in `cap`. The caller checks the prefix by identity.
+size_t root_along(std::string_view cwd, std::string_view path, std::string_view rel, char* out,
+                  size_t cap);
+
 // ---- implementation of the templates ----
 
 // Reads mountinfo; calls fn(m, arg) per line (for_each_mount's body).

@@ -65,7 +65,9 @@ R serve(bool have_real, Fn& fn, Handler handler) {
 
 // An open for reading of a path outside the dataset is the real call; the
 // others (a path that may be inside, an open that may write, a real function
-// missing) take the served call's frame, out of line (`name##_served`).
+// missing, an open outside while Monarch may learn a path to the dataset
+// from it: process.h learning()) take the served call's frame, out of line
+// (`name##_served`).
 #define MONARCH_OPEN(name, params, args, dirfd)                                          \
   namespace {                                                                            \
   __attribute__((noinline)) int name##_served(MONARCH_UNPAREN params, mode_t mode) {     \
@@ -86,7 +88,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     if (__builtin_expect(!monarch::real::name, 0)) monarch::real::resolve();             \
     monarch::maps_check();                                                               \
     if (monarch::real::name && !MONARCH_WRITES(flags) && monarch::outside(dirfd, path))  \
-      return monarch::real::name(MONARCH_UNPAREN args, mode);                            \
+      if (!monarch::learning()) return monarch::real::name(MONARCH_UNPAREN args, mode);  \
     return name##_served(MONARCH_UNPAREN args, mode);                                    \
   }
 #define MONARCH_WRAP(ret, name, params, args, handler)                                       \

@@ -38,6 +38,18 @@ bool no_space(int err) {
   return err == ENOSPC || err == EDQUOT;
 }
 
+// A copy that failed, by what failed it: `err` the errno of the call that
+// failed (0: none, e.g. a path the stager will not copy). The report names
+// it: permission denied apart (the job's own reads of the file fail too),
+// and the last other one by its name.
+void count_copy_error(std::atomic<uint64_t>* counters, int err) {
+  counters[s_copy_errors].fetch_add(1, std::memory_order_relaxed);
+  if (err == EACCES || err == EPERM)
+    counters[s_copy_denied].fetch_add(1, std::memory_order_relaxed);
+  else if (err > 0)
+    counters[s_copy_errno].store(uint64_t(err), std::memory_order_relaxed);
+}
+
 }  // namespace
 
 Copier::Copier(JobMap& map, Placement& placement, CopierOptions options,
@@ -649,7 +661,7 @@ bool Copier::begin(Job& job) {
   job.rel = std::string(map_.path(job.file));  // one read: published under the name opened
   const std::string& rel = job.rel;
   if (!clean_rel(rel)) {
-    count(s_copy_errors);
+    count_copy_error(counters_, 0);
     abandon(job, kFailed);
     return false;
   }
@@ -663,8 +675,9 @@ bool Copier::begin(Job& job) {
     count(s_pfs_open_ns, job.open_ns);
     struct stat st;
     if (job.src < 0 || fstat(job.src, &st) != 0) {
-      spdlog::info("cannot read {}: {}; it will be read from the PFS", rel, std::strerror(errno));
-      count(s_copy_errors);
+      int err = errno;
+      spdlog::info("cannot read {}: {}; it will be read from the PFS", rel, std::strerror(err));
+      count_copy_error(counters_, err);
       abandon(job, kFailed);
       return false;
     }
@@ -688,7 +701,7 @@ bool Copier::begin(Job& job) {
       abandon(job, expect);
       return begin(job);
     }
-    count(s_copy_errors);
+    count_copy_error(counters_, err);
     abandon(job, kFailed);
     return false;
   }
@@ -769,7 +782,7 @@ Copier::Outcome Copier::copy_blocks(Job& job) {
       }
       spdlog::warn("copy of {} failed: {}; it will be read from the PFS", map_.path(job.file),
                    std::strerror(err));
-      count(s_copy_errors);
+      count_copy_error(counters_, err);
       abandon(job, kFailed);
       return Outcome::kDone;
     }
@@ -821,7 +834,7 @@ void Copier::finish(Job& job) {
       count(s_tier_full);
       return abandon(job, kNone);
     }
-    count(s_copy_errors);
+    count_copy_error(counters_, err);
     return abandon(job, kFailed);
   }
   // The final name is linked before the state word says "cached", and the
@@ -839,8 +852,9 @@ void Copier::finish(Job& job) {
     return linked || renameat(tier_fd, tmp.c_str(), tier_fd, final_name.c_str()) == 0;
   };
   if (!publish() && (errno != ENOENT || !make_parents(tier_fd, final_name) || !publish())) {
-    spdlog::warn("cannot publish {} on tier {}: {}", rel, job.tier, std::strerror(errno));
-    count(s_copy_errors);
+    int err = errno;
+    spdlog::warn("cannot publish {} on tier {}: {}", rel, job.tier, std::strerror(err));
+    count_copy_error(counters_, err);
     return abandon(job, kFailed);
   }
   placement_.written(job.tier, e.size);

@@ -7,11 +7,17 @@
 
 namespace monarch {
 
-// X(name, count, meaning). Entries with count 4 are per node-local tier.
+// Opens are counted in this many buckets (file number modulo kPassBuckets),
+// so that the statistics tell a pass over the dataset from re-reads of a few
+// of its files (Stats::tick).
+inline constexpr int kPassBuckets = 64;
+
+// X(name, count, meaning). Entries with count 4 are per node-local tier,
+// pass_opens has one per bucket.
 #define MONARCH_PROCESS_COUNTERS(X)                                                           \
   X(opens, 1, "opens of dataset files by the job (what would reach the PFS without Monarch)") \
   X(reads, 1, "read calls on dataset files (the sum of the four sources below)")              \
-  X(bytes, 1, "bytes those read calls returned, mapped lengths included (the sum below)")     \
+  X(bytes, 1, "bytes those read calls returned (the sum below; mappings: mmap_bytes)")        \
   X(tier_opens, 4, "opens answered from a node-local tier")                                   \
   X(tier_reads, 4, "read calls answered from a node-local tier")                              \
   X(tier_bytes, 4, "bytes answered from a node-local tier")                                   \
@@ -34,7 +40,11 @@ namespace monarch {
   X(local_sample_ns, 1, "time spent in the timed local reads")                                \
   X(stat_index, 1, "stat calls answered from the index")                                      \
   X(stat_pfs, 1, "stat calls on dataset paths sent to the PFS")                               \
-  X(mmaps, 1, "mmap calls on dataset files")                                                  \
+  X(mmaps, 1, "mappings of dataset files (mmap calls that succeeded), apart from reads")      \
+  X(mmap_local, 1, "of which mapped a node-local copy")                                       \
+  X(mmap_bytes, 1, "bytes they spanned in the file: their pages are read unseen")             \
+  X(mmap_local_bytes, 1, "of which on a node-local copy")                                     \
+  X(pass_opens, kPassBuckets, "opens of dataset files by file number modulo 64 (passes)")     \
   X(fb_no_stager, 1, "fallbacks to the PFS: stager not running")                              \
   X(fb_stale, 1, "fallbacks to the PFS: the PFS file changed after it was indexed")           \
   X(fb_wait, 1, "fallbacks to the PFS: a copy under way made no progress in time")            \
@@ -70,7 +80,9 @@ namespace monarch {
   X(adopted_bytes, "bytes of those copies")                                                  \
   X(discarded, "copies found from an earlier stager that no longer matched the PFS")         \
   X(noroom, "files that fit on no tier")                                                     \
-  X(copy_errors, "copies that failed with an I/O error")                                     \
+  X(copy_errors, "copies that failed (an error of the PFS file, the tier or its path)")      \
+  X(copy_denied, "of which permission was denied on the PFS file (EACCES, EPERM)")           \
+  X(copy_errno, "the error number of the last other failed copy (0: none or no errno)")      \
   X(stale, "files whose PFS version changed after indexing")                                 \
   X(tier_full, "times a tier's file system ran out of space")                                \
   X(requests, "requests received from the job's processes")                                  \

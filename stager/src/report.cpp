@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "config.h"
@@ -48,7 +49,9 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 std::string pct(double part, double whole) {
-  return whole > 0 ? fmt("%.1f%%", 100 * part / whole) : "-";
+  // A share: of what the caller measured, never outside 0-100% (rounding of
+  // interpolated counters aside, none should be; callers say "more" apart).
+  return whole > 0 ? fmt("%.1f%%", 100 * std::clamp(part / whole, 0.0, 1.0)) : "-";
 }
 std::string rate(double bytes_per_s) {
   return bytes_per_s > 0 ? human_bytes(bytes_per_s) + "/s" : "unknown";
@@ -190,6 +193,10 @@ Traffic traffic(const pt::ptree& c) {
   t.stager_copied = t.stager_pfs_bytes + num(c, skey(s_handoff_bytes));
   t.local_reads = sum(c, pkey(c_tier_reads));
   t.local_bytes = sum(c, pkey(c_tier_bytes));
+  t.mmaps = num(c, pkey(c_mmaps));
+  t.mmap_bytes = num(c, pkey(c_mmap_bytes));
+  t.mmap_local = num(c, pkey(c_mmap_local));
+  t.mmap_local_bytes = num(c, pkey(c_mmap_local_bytes));
   t.peer_sent = num(c, skey(s_served_bytes));
   t.peer_received = num(c, skey(s_peer_bytes));
   t.peers_failed = num(c, skey(s_peers_failed));
@@ -200,6 +207,15 @@ Traffic traffic(const pt::ptree& c) {
   t.index_ms = num(c, skey(s_index_ms));
   t.peak_memory = num(c, skey(s_peak_memory));
   return t;
+}
+
+// The error of a failed copy in words: " (last error: ENOSPC, No space left
+// on device)", or "" when no errno was kept.
+std::string errno_words(int err) {
+  if (err <= 0 || err > 4095) return "";
+  const char* name = strerrorname_np(err);
+  return std::string(" (last error: ") + (name ? name : "errno " + std::to_string(err)) + ", " +
+         std::strerror(err) + ")";
 }
 
 // Plain words for the counters that mean "read from the PFS after all" or
@@ -239,8 +255,11 @@ std::vector<Fallback> fallbacks(const pt::ptree& t, const Figures& f) {
                    "why): it walked the dataset and copied its files from the PFS itself"});
   add(skey(s_noroom), num(c, skey(s_noroom)),
       "files did not fit on any tier (" + tiers + "): read from the PFS in every epoch");
-  add(skey(s_copy_errors), num(c, skey(s_copy_errors)),
-      "copies failed with an I/O error: read from the PFS");
+  double denied = num(c, skey(s_copy_denied)), other = num(c, skey(s_copy_errors)) - denied;
+  add(skey(s_copy_denied), denied,
+      "copies failed: permission denied (EACCES) reading the PFS file: read from the PFS");
+  add(skey(s_copy_errors), other,
+      "copies failed" + errno_words(int(num(c, skey(s_copy_errno)))) + ": read from the PFS");
   add(skey(s_stale), num(c, skey(s_stale)),
       "files had changed on the PFS since indexing: not copied, or their copy dropped");
   add(skey(s_tier_full), num(c, skey(s_tier_full)),

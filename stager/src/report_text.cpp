@@ -16,16 +16,28 @@ namespace {
 
 // "50.0% of bytes (1000 B), 66.7% of opens (20), 50.0% of reads (40)". When
 // the PFS saw more than the job asked for (the stager copying ahead for
-// later epochs), the share is negative and says so.
+// later passes), no share: "none: 1.0 MiB more than without Monarch".
 std::string avoided(const Traffic& t) {
   auto one = [](const char* what, double without, double with, bool bytes) {
     double d = without - with;
     std::string n = bytes ? human_bytes(std::fabs(d)) : count(std::fabs(d));
-    return pct(d, without) + " of " + what + " (" + n + (d < 0 ? " more: copies ahead)" : ")");
+    if (d < 0)
+      return std::string("none of ") + what + " (" + n +
+             " more than without Monarch: copies ahead)";
+    return pct(d, without) + " of " + what + " (" + n + ")";
   };
   return one("bytes", t.bytes, t.pfs_bytes, true) + ", " +
          one("opens", t.opens, t.pfs_opens, false) + ", " +
          one("reads", t.reads, t.pfs_reads, false);
+}
+
+// The mappings, apart from reads: "", or the line that counts them.
+std::string mappings_line(const Traffic& t) {
+  if (t.mmaps <= 0) return "";
+  return "  mappings: " + count(t.mmaps) + " (" + count(t.mmap_local) + " of node-local copies), " +
+         human_bytes(t.mmap_bytes) + " mapped (" + pct(t.mmap_local_bytes, t.mmap_bytes) +
+         " of it local): their pages are read unseen, so they are counted neither as reads nor "
+         "in passes\n";
 }
 
 // The first process that used Monarch is named in the summary when it came
@@ -34,10 +46,14 @@ bool late_attach(const Figures& f) {
   return f.first_pid > 0 && f.first_attached_s >= std::max(1.0, f.elapsed_s / 10);
 }
 
-// "10.00 s, 2.00 s, 2.50 s": every epoch's time; of a long job the first
+// "10.00 s, 2.00 s, 2.50 s": every pass's time; of a long job the first
 // three, the last and the median.
-std::string epoch_times(const std::vector<EpochFigures>& all) {
+std::string epoch_times(const std::vector<EpochFigures>& all, double dataset_bytes) {
   if (all.empty()) return "none yet (the job read less than the dataset holds)";
+  if (all.size() == 1 && !all[0].complete && dataset_bytes > 0 &&
+      all[0].traffic.bytes >= dataset_bytes)
+    return "none: the job read " + fmt("%.1f", all[0].traffic.bytes / dataset_bytes) +
+           "x the dataset's bytes, re-reading a few of its files (a pass opens most of them)";
   auto one = [](const EpochFigures& e) {
     return fmt("%.2f", e.seconds) + " s" + (e.complete ? "" : " (partial)");
   };
@@ -50,7 +66,7 @@ std::string epoch_times(const std::vector<EpochFigures>& all) {
   for (const EpochFigures& e : all) times.push_back(e.seconds);
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   return one(all[0]) + ", " + one(all[1]) + ", " + one(all[2]) + " ... " + one(all.back()) + " (" +
-         std::to_string(all.size()) + " epochs; median " + fmt("%.2f", times[times.size() / 2]) +
+         std::to_string(all.size()) + " passes; median " + fmt("%.2f", times[times.size() / 2]) +
          " s)";
 }
 
@@ -83,6 +99,11 @@ std::string jnum(double v) {
 std::string jfrac(double part, double whole) {
   return whole > 0 ? jnum(part / whole) : "null";
 }
+// A share of traffic avoided: 0 when there was more than without Monarch
+// (the signed difference is beside it).
+std::string jshare(double part, double whole) {
+  return whole > 0 ? jnum(std::clamp(part / whole, 0.0, 1.0)) : "null";
+}
 
 std::string traffic_json(const Traffic& t) {
   std::ostringstream o;
@@ -96,13 +117,16 @@ std::string traffic_json(const Traffic& t) {
     << ",\"stager_pfs_reads\":" << jnum(t.pfs_reads - t.job_pfs_reads)
     << ",\"stager_pfs_bytes\":" << jnum(t.stager_pfs_bytes)
     << ",\"local_reads\":" << jnum(t.local_reads) << ",\"local_bytes\":" << jnum(t.local_bytes)
+    << ",\"mmaps\":" << jnum(t.mmaps) << ",\"mmap_bytes\":" << jnum(t.mmap_bytes)
+    << ",\"mmap_local\":" << jnum(t.mmap_local)
+    << ",\"mmap_local_bytes\":" << jnum(t.mmap_local_bytes)
     << ",\"local_hit\":" << jfrac(t.local_bytes, t.bytes)
     << ",\"local_read_hit\":" << jfrac(t.local_reads, t.reads)
     << ",\"avoided\":{\"opens\":" << jnum(t.opens - t.pfs_opens)
     << ",\"reads\":" << jnum(t.reads - t.pfs_reads) << ",\"bytes\":" << jnum(t.bytes - t.pfs_bytes)
-    << ",\"opens_fraction\":" << jfrac(t.opens - t.pfs_opens, t.opens)
-    << ",\"reads_fraction\":" << jfrac(t.reads - t.pfs_reads, t.reads)
-    << ",\"bytes_fraction\":" << jfrac(t.bytes - t.pfs_bytes, t.bytes) << "}}";
+    << ",\"opens_fraction\":" << jshare(t.opens - t.pfs_opens, t.opens)
+    << ",\"reads_fraction\":" << jshare(t.reads - t.pfs_reads, t.reads)
+    << ",\"bytes_fraction\":" << jshare(t.bytes - t.pfs_bytes, t.bytes) << "}}";
   return o.str();
 }
 
@@ -136,19 +160,33 @@ std::string cached_and_notes(const Figures& f, size_t first = 0) {
   return o.str();
 }
 
-// A job none of whose processes used Monarch: no share, epoch or verdict
-// (nothing of the job was seen); what the stager did, and why, instead.
-std::string unused_summary(const Figures& f) {
+// A job none of whose processes used Monarch, or whose processes opened no
+// dataset file through it: no share, epoch or verdict (nothing of the job
+// was seen); `why`, then what the stager did and the notes from `first`.
+std::string unused_summary(const Figures& f, const std::string& why, size_t first) {
   const Traffic& t = f.total;
   std::ostringstream o;
-  o << "  " << f.fallbacks[0].text << "\n";
+  o << "  " << why << "\n";
   o << "  the stager's copies meanwhile: " << count(t.pfs_opens - t.job_pfs_opens) << " opens, "
     << count(t.pfs_reads - t.job_pfs_reads) << " reads, " << human_bytes(t.stager_pfs_bytes)
     << " from the PFS"
     << (t.stager_pfs_bytes > 0 ? " (stage-ahead's first window: it goes further only as readers "
                                  "read)\n"
                                : "\n");
-  return o.str() + cached_and_notes(f, 1);
+  return o.str() + cached_and_notes(f, first);
+}
+
+// The one line for a job whose processes loaded the job map but never
+// opened a dataset file through Monarch.
+std::string untouched(const Figures& f) {
+  return "the job opened no dataset file through Monarch, though " +
+         (f.attached > 0 ? count(f.attached) + " of its processes" : std::string("its processes")) +
+         " loaded the job map: it read the dataset, if at all, by a path Monarch did not "
+         "recognise as the dataset (another mount of its file system, a copy, a path relative "
+         "to a directory descriptor), from the PFS; read it through " +
+         f.dataset +
+         ", a symbolic link to it or a bind mount of it, or give as the dataset "
+         "the directory the program reads";
 }
 
 }  // namespace
@@ -215,14 +253,19 @@ std::string summary_text(const std::string& json) {
   o << "monarch: " << f.title << (f.host.empty() ? "" : " on " + f.host) << ", dataset "
     << f.dataset << " (" << count(f.files) << " files, " << human_bytes(f.dataset_bytes) << ")"
     << (f.complete ? "" : " [incomplete]") << "\n";
-  if (!f.used_monarch) return o.str() + unused_summary(f);
+  if (!f.used_monarch) return o.str() + unused_summary(f, f.fallbacks[0].text, 1);
+  if (t.opens == 0 && t.reads == 0) return o.str() + unused_summary(f, untouched(f), 0);
   // First what a user wants to know, then the detail.
-  o << "  epoch times: " << epoch_times(f.epochs) << "\n";
-  o << "  served from node-local tiers: " << pct(t.local_bytes, t.bytes) << " of the bytes read, "
-    << pct(t.local_reads, t.reads) << " of reads\n";
+  o << "  passes over the dataset: " << epoch_times(f.epochs, f.dataset_bytes) << "\n";
+  if (t.reads <= 0 && t.mmaps > 0)
+    o << "  served from node-local tiers: no reads (the job mapped the dataset: see mappings)\n";
+  else
+    o << "  served from node-local tiers: " << pct(t.local_bytes, t.bytes) << " of the bytes read, "
+      << pct(t.local_reads, t.reads) << " of reads\n";
   o << "  PFS traffic avoided: " << avoided(t) << "\n";
   o << "  the job read " << human_bytes(t.bytes) << " in " << count(t.opens) << " opens and "
     << count(t.reads) << " reads: all of it would reach the PFS without Monarch\n";
+  o << mappings_line(t);
   o << "  PFS with Monarch: " << count(t.pfs_opens) << " opens, " << count(t.pfs_reads)
     << " reads, " << human_bytes(t.pfs_bytes) << " (the job " << count(t.job_pfs_opens) << ", "
     << count(t.job_pfs_reads) << ", " << human_bytes(t.job_pfs_bytes) << "; the stager's copies "
@@ -235,9 +278,9 @@ std::string summary_text(const std::string& json) {
   for (const EpochFigures& e : epochs_to_show(f.epochs)) {
     const Traffic& x = e.traffic;
     if (e.number < 0)
-      o << "  epochs 3-" << -e.number << ": ";
+      o << "  passes 3-" << -e.number << ": ";
     else
-      o << "  epoch " << e.number << (e.complete ? "" : " (partial)") << ": ";
+      o << "  pass " << e.number << (e.complete ? "" : " (partial)") << ": ";
     o << fmt("%.2f", e.seconds) << " s, local " << pct(x.local_bytes, x.bytes) << ", "
       << rate(e.rate()) << "; PFS " << count(x.pfs_opens) << " opens, " << count(x.pfs_reads)
       << " reads, " << human_bytes(x.pfs_bytes) << "\n    avoided " << avoided(x) << "\n";

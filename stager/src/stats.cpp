@@ -2,6 +2,7 @@
 
 #include <sys/time.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,8 @@ constexpr size_t kMaxSamples = 3600;
 // The cached bytes scan the whole map: every sample for up to kCachedScanFiles
 // files (a few hundred microseconds), else once a second.
 constexpr uint64_t kCachedScanFiles = 100'000, kCachedEveryMs = 1000;
+// A group of counters is written as one per tier or one per bucket by its size.
+static_assert(kPassBuckets != kMapTiers);
 
 struct CounterName {
   const char* name;
@@ -67,6 +70,23 @@ Stats::Stats(const JobMap& map, const std::atomic<uint64_t>* stager, const Place
       start_ns_(monotonic_ns()),
       interval_ms_(kFirstIntervalMs) {
   last_ = poll_ = rate_from_ = take(start_ns_);
+  pass_opens_from_.t_ns = start_ns_;  // the first pass: from nothing
+  for (uint64_t i = 0; i < map_.size(); ++i) {
+    bucket_files_[i % kPassBuckets]++;
+    bucket_bytes_[i % kPassBuckets] += map_.entry(i).size;
+  }
+}
+
+double Stats::opened_share(const Snapshot& from, const Snapshot& to) const {
+  uint64_t size = map_.header().dataset_bytes;
+  if (size == 0) return 0;
+  double covered = 0;
+  for (int b = 0; b < kPassBuckets; ++b) {
+    uint64_t opens = to.p[c_pass_opens + b] - from.p[c_pass_opens + b];
+    if (bucket_files_[b] > 0)
+      covered += double(bucket_bytes_[b]) * std::min(1.0, double(opens) / double(bucket_files_[b]));
+  }
+  return covered / double(size);
 }
 
 Stats::Snapshot Stats::take(uint64_t now_ns) const {
@@ -93,25 +113,42 @@ uint64_t Stats::tick(uint64_t now_ns) {
   if (size == 0) return kSlow;
   Snapshot s = take(now_ns);
   std::lock_guard lock(mu_);
-  const Snapshot a = poll_;
+  Snapshot a = poll_;
   poll_ = s;
-  uint64_t a_bytes = a.p[c_bytes], s_bytes = s.p[c_bytes];
-  while (s_bytes >= (epochs_.size() + 1) * size) {
-    // The boundary lies between the last poll and this one: interpolate by bytes.
-    double f = double((epochs_.size() + 1) * size - a_bytes) / double(s_bytes - a_bytes);
-    Snapshot e;
-    e.t_ns = a.t_ns + uint64_t(f * double(s.t_ns - a.t_ns));
-    for (int c = 0; c < kNumCounters; ++c)
-      e.p[c] = a.p[c] + uint64_t(f * double(s.p[c] - a.p[c]) + 0.5);
-    for (int c = 0; c < kNumStagerCounters; ++c)
-      e.s[c] = a.s[c] + uint64_t(f * double(s.s[c] - a.s[c]) + 0.5);
+  Snapshot zero;
+  for (;;) {
+    const Snapshot& from = epochs_.empty() ? zero : epochs_.back();
+    uint64_t need = from.p[c_bytes] + size;
+    if (s.p[c_bytes] < need || opened_share(pass_opens_from_, s) < kPassCover) break;
+    Snapshot e = s;
+    bool interpolated = a.p[c_bytes] < need;
+    if (interpolated) {
+      // The bytes came between the last poll and this one: interpolate by
+      // bytes (the opens, if they came later, came before this poll too).
+      double f = double(need - a.p[c_bytes]) / double(s.p[c_bytes] - a.p[c_bytes]);
+      e.t_ns = a.t_ns + uint64_t(f * double(s.t_ns - a.t_ns));
+      for (int c = 0; c < kNumCounters; ++c)
+        e.p[c] = a.p[c] + uint64_t(f * double(s.p[c] - a.p[c]) + 0.5);
+      for (int c = 0; c < kNumStagerCounters; ++c)
+        e.s[c] = a.s[c] + uint64_t(f * double(s.s[c] - a.s[c]) + 0.5);
+      e.p[c_bytes] = need;  // exact, whatever the rounding of its parts
+    }
     epochs_.push_back(e);
+    // The next pass's opens count from the last poll before its start: which
+    // of the opens between two polls came after the boundary is unknown (an
+    // interpolated share of each bucket would drop a fast job's files), so
+    // the next pass may count a poll's worth of opens of this one.
+    pass_opens_from_ = interpolated ? a : e;
+    a = e;
   }
+  uint64_t s_bytes = s.p[c_bytes];
   if (s.t_ns - rate_from_.t_ns >= kSlow / 2) {  // a rate over 1 ms would often be 0
     per_ns_ = double(s_bytes - rate_from_.p[c_bytes]) / double(s.t_ns - rate_from_.t_ns);
     rate_from_ = s;
   }
-  uint64_t left = (epochs_.size() + 1) * size - s_bytes;
+  uint64_t need = (epochs_.empty() ? 0 : epochs_.back().p[c_bytes]) + size;
+  if (s_bytes >= need) return kSlow;  // the opens are short: a pass ends at a poll
+  uint64_t left = need - s_bytes;
   return left <= size / 10 || double(left) <= per_ns_ * 3 * kSlow ? kFast : kSlow;
 }
 
@@ -217,7 +254,8 @@ std::string Stats::json(bool complete, double fill_seconds) const {
         continue;
       }
       o << "[";
-      for (int t = 0; t < tiers; ++t) o << (t ? "," : "") << v(n.first + t);
+      int k = n.count == kMapTiers ? tiers : n.count;  // per tier, or per bucket
+      for (int t = 0; t < k; ++t) o << (t ? "," : "") << v(n.first + t);
       o << "]";
     }
     o << ",\"stager\":{";

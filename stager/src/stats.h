@@ -44,11 +44,25 @@ class Stats {
   Stats(const JobMap& map, const std::atomic<uint64_t>* stager, const Placement& placement,
         JobInfo info, IndexStats index);
 
-  // Notes epoch boundaries; returns the nanoseconds until it wants to be
-  // called again: 100 ms, or 1 ms when the job's bytes near the next
-  // boundary, so that each epoch's counters are exact to about a millisecond
-  // of the job's traffic (the boundary is interpolated between two polls).
+  // Notes the ends of passes over the dataset (the statistics' "epochs"; a
+  // job's epochs when it reads the dataset once an epoch). A pass ends when,
+  // since the last one ended, the job has read (mappings apart) as many
+  // bytes as the dataset holds AND opened most of its files: the files of
+  // each bucket of pass_opens (file number modulo kPassBuckets) count as
+  // opened up to the bucket's opens, weighted by their bytes, and a pass
+  // needs kPassCover of the dataset's bytes so covered. A job that re-reads
+  // a few files counts no pass however many bytes it reads (one file: at
+  // most 1/kPassBuckets of the buckets); re-reads spread over most buckets
+  // still look like passes, and so do re-reads of a dataset that is one
+  // large file. Returns the nanoseconds until it wants to be called again:
+  // 100 ms, or 1 ms when the job's bytes near the next boundary, so that
+  // each pass's counters are exact to about a millisecond of the job's
+  // traffic (the boundary is interpolated by bytes between two polls; when
+  // the opens come a poll or more after the bytes, it is the poll).
+  // A pass's opens count from the poll before it began (the opens between
+  // two polls are not told apart).
   uint64_t tick(uint64_t now_ns);
+  static constexpr double kPassCover = 0.5;
   // Every 100 ms or so: closes the time series' intervals that have ended,
   // and notes the job's first process to load the map (Header::attached).
   void sample(uint64_t now_ns);
@@ -79,6 +93,9 @@ class Stats {
     std::array<uint64_t, kMapTiers> by_tier{};
   };
   Cached complete_copies() const;
+  // The share of the dataset's bytes in files opened between two snapshots,
+  // as far as the pass_opens buckets tell (see tick).
+  double opened_share(const Snapshot& from, const Snapshot& to) const;
   // Halves the time series' resolution (REQUIRES mu_ held).
   void halve();
   // Takes the first process's pid and time from the map, once the library has
@@ -91,10 +108,13 @@ class Stats {
   JobInfo info_;
   IndexStats index_;
   uint64_t start_ns_;
+  // Files and bytes of the dataset in each pass_opens bucket.
+  std::array<uint64_t, kPassBuckets> bucket_files_{}, bucket_bytes_{};
 
   mutable std::mutex mu_;
   std::vector<Snapshot> epochs_;  // cumulative counters at each epoch's end
   Snapshot poll_;                 // the last tick's
+  Snapshot pass_opens_from_;      // the current pass's opens count from here (tick)
   Snapshot rate_from_;            // the job's read rate (per_ns_) is measured from here
   double per_ns_ = 0;
   // Time series: per interval, bytes served from each tier, from the PFS

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -150,12 +151,15 @@ TEST(ReportFigures, TrafficAvoidedTotalAndPerEpoch) {
                   "PFS traffic avoided: 50.0% of bytes (1.4 MiB), 46.7% of opens (140), 55.0% "
                   "of reads (330)"))
       << text;
-  // Epoch 1: the PFS saw 160 opens for the job's 100: the stager copied ahead.
+  // Pass 1: the PFS saw 160 opens for the job's 100: the stager copied
+  // ahead. No share below 0%: how much more.
   EXPECT_TRUE(has(text,
-                  "avoided -50.0% of bytes (488.3 KiB more: copies ahead), -60.0% of opens (60 "
-                  "more: copies ahead), -35.0% of reads (70 more: copies ahead)"))
+                  "avoided none of bytes (488.3 KiB more than without Monarch: copies ahead), "
+                  "none of opens (60 more than without Monarch: copies ahead), none of reads (70 "
+                  "more than without Monarch: copies ahead)"))
       << text;
-  EXPECT_TRUE(has(text, "epoch 2: 2.00 s, local 100.0%, 488.3 KiB/s; PFS 0 opens")) << text;
+  EXPECT_FALSE(std::regex_search(text, std::regex("-[0-9.]+%"))) << text;
+  EXPECT_TRUE(has(text, "pass 2: 2.00 s, local 100.0%, 488.3 KiB/s; PFS 0 opens")) << text;
   EXPECT_TRUE(has(text,
                   "PFS with Monarch: 160 opens, 270 reads, 1.4 MiB (the job 60, 120, "
                   "585.9 KiB; the stager's copies 100, 150, 878.9 KiB)"))
@@ -464,7 +468,7 @@ TEST(ReportSummary, StartsWithEpochTimesLocalShareAndTrafficAvoided) {
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   ASSERT_GE(lines.size(), 4u);
-  EXPECT_EQ(lines[1], "  epoch times: 10.00 s, 2.00 s, 2.50 s");
+  EXPECT_EQ(lines[1], "  passes over the dataset: 10.00 s, 2.00 s, 2.50 s");
   EXPECT_EQ(lines[2], "  served from node-local tiers: 80.0% of the bytes read, 80.0% of reads");
   EXPECT_EQ(lines[3],
             "  PFS traffic avoided: 50.0% of bytes (1.4 MiB), 46.7% of opens (140), 55.0% of "
@@ -472,12 +476,13 @@ TEST(ReportSummary, StartsWithEpochTimesLocalShareAndTrafficAvoided) {
   // Of a long job: the first three, the last, and the median.
   std::string text = summary_text(epochs_of(40, 2, 1).json());
   EXPECT_TRUE(has(text,
-                  "epoch times: 2.00 s, 2.00 s, 2.00 s ... 2.00 s (40 epochs; median "
+                  "passes over the dataset: 2.00 s, 2.00 s, 2.00 s ... 2.00 s (40 passes; median "
                   "2.00 s)"))
       << text;
   Job none;
   none.epochs.clear();
-  EXPECT_TRUE(has(summary_text(none.json()), "epoch times: none yet")) << summary_text(none.json());
+  EXPECT_TRUE(has(summary_text(none.json()), "passes over the dataset: none yet"))
+      << summary_text(none.json());
 }
 
 // A job none of whose processes loaded the job map (LD_PRELOAD cleared by
@@ -510,7 +515,7 @@ TEST(ReportUnused, SaysNoProcessUsedMonarchAndWhyNotReadZero) {
             "(stage-ahead's first window: it goes further only as readers read)");
   EXPECT_TRUE(has(text, "cached: 40 files, 390.6 KiB (40.0% of the dataset)")) << text;
   // None of the figures of a job that was seen.
-  for (const char* part : {"read 0 B", "epoch times", "served from node-local tiers",
+  for (const char* part : {"read 0 B", "passes over the dataset", "served from node-local tiers",
                            "PFS traffic avoided", "verdict", "note: no process"})
     EXPECT_FALSE(has(text, part)) << part << "\n" << text;
 
@@ -671,6 +676,90 @@ TEST(Explain, EveryCounterWithItsMeaning) {
 #define MONARCH_TEST_EXPLAIN_S(name, meaning) EXPECT_TRUE(has(text, "stager." #name ": " meaning));
   MONARCH_STAGER_COUNTERS(MONARCH_TEST_EXPLAIN_S)
 #undef MONARCH_TEST_EXPLAIN_S
+}
+
+// Mappings are counted apart from reads: a job that read 1,000,000 bytes
+// and mapped 4,000,000 (3,000,000 of a copy) is served what its reads were,
+// and the mappings are one line of their own and keys of the JSON.
+TEST(ReportMappings, ApartFromReads) {
+  Job j;
+  j.extra_totals["mmaps"] = 4;
+  j.extra_totals["mmap_local"] = 3;
+  j.extra_totals["mmap_bytes"] = 4e6;
+  j.extra_totals["mmap_local_bytes"] = 3e6;
+  Figures f = figures(j.json());
+  EXPECT_DOUBLE_EQ(f.total.hit(), 0.8);  // as without the mappings
+  EXPECT_DOUBLE_EQ(f.total.mmap_bytes, 4e6);
+  std::string text = summary_text(j.json());
+  EXPECT_TRUE(has(text, "served from node-local tiers: 80.0% of the bytes read, 80.0% of reads"))
+      << text;
+  EXPECT_TRUE(has(text,
+                  "  mappings: 4 (3 of node-local copies), 3.8 MiB mapped (75.0% of it local): "
+                  "their pages are read unseen, so they are counted neither as reads nor in "
+                  "passes\n"))
+      << text;
+  EXPECT_FALSE(has(summary_text(Job().json()), "mappings:"));
+  pt::ptree r = tree(report_json(j.json()));
+  EXPECT_EQ(r.get<double>("total.mmaps"), 4);
+  EXPECT_EQ(r.get<double>("total.mmap_local"), 3);
+  EXPECT_EQ(r.get<double>("total.mmap_bytes"), 4e6);
+  EXPECT_EQ(r.get<double>("total.mmap_local_bytes"), 3e6);
+  EXPECT_EQ(r.get<double>("total.bytes"), 3e6);
+}
+
+// More PFS traffic than without Monarch is said in bytes, never as a share
+// outside 0-100%: in the text and in the JSON's fractions.
+TEST(ReportFigures, NoShareOutside0To100) {
+  Job j;  // the stager copied 100,000,000 bytes while the job read 1,000,000 in pass 1
+  j.epochs.resize(1);
+  j.epochs[0].stager["pfs_bytes"] = 1e8;
+  std::string text = summary_text(j.json());
+  EXPECT_FALSE(std::regex_search(text, std::regex("-[0-9.]+%"))) << text;
+  EXPECT_TRUE(has(text,
+                  "PFS traffic avoided: none of bytes (95.0 MiB more than without Monarch: "
+                  "copies ahead)"))
+      << text;
+  pt::ptree r = tree(report_json(j.json()));
+  EXPECT_EQ(r.get<double>("total.avoided.bytes_fraction"), 0);
+  EXPECT_LT(r.get<double>("total.avoided.bytes"), 0);  // the signed difference stays
+  for (auto& e : r.get_child("epochs"))
+    EXPECT_GE(e.second.get<double>("traffic.avoided.bytes_fraction"), 0);
+}
+
+// A failed copy says the error it got: permission denied apart, the last
+// other one by its symbol and words.
+TEST(ReportFigures, CopyErrorsNamedByTheirErrno) {
+  Job j;
+  j.extra_stager = {{"copy_errors", 3}, {"copy_denied", 2}, {"copy_errno", EIO}};
+  std::string text = summary_text(j.json());
+  EXPECT_TRUE(has(text,
+                  "note: 2 copies failed: permission denied (EACCES) reading the PFS file: read "
+                  "from the PFS"))
+      << text;
+  EXPECT_TRUE(has(text,
+                  "note: 1 copies failed (last error: EIO, Input/output error): read from the "
+                  "PFS"))
+      << text;
+  EXPECT_FALSE(has(text, "I/O error")) << text;
+  j.extra_stager = {{"copy_errors", 2}, {"copy_denied", 2}};
+  EXPECT_FALSE(has(summary_text(j.json()), "copies failed (")) << summary_text(j.json());
+}
+
+// A job that read many times the dataset's bytes without a pass (re-reads of
+// a few files) is told so, not "none yet".
+TEST(ReportSummary, BytesWithoutAPass) {
+  Job j;
+  j.epochs.resize(1);
+  j.epochs[0].end = 3;
+  j.epochs[0].job["bytes"] = 5e6;
+  std::string json = j.json();
+  json = std::regex_replace(json, std::regex("\"complete\":true,\"start_s\""),
+                            "\"complete\":false,\"start_s\"");
+  std::string text = summary_text(json);
+  EXPECT_TRUE(has(text,
+                  "passes over the dataset: none: the job read 5.0x the dataset's bytes, "
+                  "re-reading a few of its files (a pass opens most of them)"))
+      << text;
 }
 
 }  // namespace

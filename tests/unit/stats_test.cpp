@@ -137,5 +137,132 @@ TEST_F(StatsSeries, HalvedPastTheLimitAndAfterALongPauseWithoutLosingBytes) {
   EXPECT_NEAR(bytes.size() * interval, ms / 1e3, interval);
 }
 
+// Passes over the dataset (Stats::tick): 100 files of 1,000 bytes, read by
+// one thread whose counters the test writes as the library would.
+class StatsPasses : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("monarch-passes-test-" + std::to_string(getpid()));
+    fs::create_directories(dir / "ds");
+    for (int i = 0; i < 100; ++i)
+      std::ofstream(dir / "ds" / ("f" + std::to_string(1000 + i))) << std::string(1000, 'x');
+    IndexOptions o{.root = (dir / "ds").string(),
+                   .out_path = (dir / "index").string(),
+                   .tier_dirs = {dir.string()},
+                   .small_file_max = 0,
+                   .stall_ns = 200'000'000,
+                   .generation = 1};
+    mapped = build_index(o, index, [](JobMap&) {});
+    ASSERT_EQ(mapped.map().header().dataset_bytes, 100'000u);
+    mapped.map().header().next_slot.store(1);
+    JobInfo info{.job = "job1", .tier_names = {"t"}, .tier_dirs = {dir.string()}};
+    stats = std::make_unique<Stats>(mapped.map(), counters, placement, info, index);
+    start = monotonic_ns();
+  }
+  void TearDown() override { fs::remove_all(dir); }
+
+  void add(int c, uint64_t n = 1) {
+    std::atomic<uint64_t>& v = mapped.map().slot(0).c[c];
+    v.store(v.load() + n);
+  }
+  // File `id` opened and read whole from the tier, then a poll 1 ms later.
+  void read_file(uint32_t id) {
+    add(c_opens);
+    add(c_pass_opens + id % kPassBuckets);
+    add(c_tier_reads);
+    add(c_tier_bytes, mapped.map().entry(id).size);
+    stats->tick(start + (ms += 1) * kMs);
+  }
+  void epoch(uint32_t first = 0) {
+    for (uint32_t i = 0; i < 100; ++i) read_file((first + i * 37) % 100);  // a shuffled order
+  }
+  // (complete passes, bytes of each pass) as the statistics say them.
+  std::pair<int, std::vector<double>> passes() {
+    pt::ptree t;
+    std::istringstream in(stats->json(true, 0));
+    pt::read_json(in, t);
+    int complete = 0;
+    std::vector<double> bytes;
+    for (auto& e : t.get_child("epochs")) {
+      complete += e.second.get<bool>("complete");
+      bytes.push_back(e.second.get<double>("counters.bytes"));
+    }
+    return {complete, bytes};
+  }
+
+  fs::path dir;
+  IndexStats index;
+  MappedMap mapped;
+  std::atomic<uint64_t> counters[kNumStagerCounters] = {};
+  Placement placement{{{1 << 30, 4096}}, [](int) { return uint64_t(1) << 30; }, 0};
+  std::unique_ptr<Stats> stats;
+  uint64_t start = 0, ms = 0;
+};
+
+TEST_F(StatsPasses, ThreeEpochsAreThreePasses) {
+  epoch(0), epoch(5), epoch(11);
+  auto [complete, bytes] = passes();
+  EXPECT_EQ(complete, 3);
+  EXPECT_EQ(bytes, std::vector<double>({100'000, 100'000, 100'000}));
+}
+
+// A loader that opens the next epoch's first files before the last ones of
+// this epoch are read (workers prefetching: 20 files opened ahead, read
+// after the boundary) still makes one pass an epoch.
+TEST_F(StatsPasses, PrefetchedOpensStillMakeAPassAnEpoch) {
+  auto open = [&](uint32_t id) { add(c_opens), add(c_pass_opens + id % kPassBuckets); };
+  auto read = [&](uint32_t id) {
+    add(c_tier_reads), add(c_tier_bytes, 1000);
+    stats->tick(start + (ms += 1) * kMs);
+  };
+  for (int e = 0; e < 3; ++e)
+    for (uint32_t i = 0; i < 100; ++i) {
+      if (e == 0 || i >= 20) open(i);
+      if (i == 80 && e < 2)
+        for (uint32_t j = 0; j < 20; ++j) open(j);
+      read(i);
+    }
+  auto [complete, bytes] = passes();
+  EXPECT_EQ(complete, 3);
+  EXPECT_EQ(bytes, std::vector<double>({100'000, 100'000, 100'000}));
+}
+
+// A job faster than the polls: one poll per 150 files, an epoch and a half.
+TEST_F(StatsPasses, AFastJobBetweenPolls) {
+  int n = 0;
+  for (int e = 0; e < 3; ++e)
+    for (uint32_t i = 0; i < 100; ++i) {
+      add(c_opens), add(c_pass_opens + i % kPassBuckets);
+      add(c_tier_reads), add(c_tier_bytes, 1000);
+      if (++n % 150 == 0 || n == 300) stats->tick(start + (ms += 1) * kMs);
+    }
+  auto [complete, bytes] = passes();
+  EXPECT_EQ(complete, 3);
+  EXPECT_EQ(bytes, std::vector<double>({100'000, 100'000, 100'000}));
+}
+
+// One file re-read 500 times: 5 times the dataset's bytes, no pass.
+TEST_F(StatsPasses, ReReadsOfOneFileAreNoPass) {
+  for (int i = 0; i < 500; ++i) read_file(7);
+  auto [complete, bytes] = passes();
+  EXPECT_EQ(complete, 0);
+  EXPECT_EQ(bytes, std::vector<double>({500'000}));
+  epoch();  // then a real one: every file
+  EXPECT_EQ(passes().first, 1);
+}
+
+// Mappings are not bytes read: a job that maps every file counts no pass.
+TEST_F(StatsPasses, MappingsAreNoBytesRead) {
+  for (int r = 0; r < 3; ++r)
+    for (uint32_t i = 0; i < 100; ++i) {
+      add(c_opens);
+      add(c_pass_opens + i % kPassBuckets);
+      add(c_mmaps);
+      add(c_mmap_bytes, 1000);
+      stats->tick(start + (ms += 1) * kMs);
+    }
+  EXPECT_EQ(passes().first, 0);
+}
+
 }  // namespace
 }  // namespace monarch

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <sys/sysmacros.h>
 
+#include <algorithm>
+#include <climits>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,55 @@ TEST(Views, OtherFileSystemsAndOtherDirectoriesAreNot) {
   // Too long to be a path: no candidate, no overflow.
   std::string deep = "40 1 0:52 / /" + std::string(kPathMax, 'x') + " rw - lustre fs rw";
   EXPECT_TRUE(candidates(parse(deep), dev, "/scratch/me/ds").empty());
+}
+
+std::string root_of(std::string_view cwd, std::string_view path, std::string_view rel,
+                    size_t cap = kPathMax) {
+  char out[kPathMax];
+  size_t n = root_along(cwd, path, rel, out, std::min(cap, sizeof out));
+  return n ? std::string(out, n) : "(none)";
+}
+
+TEST(Views, TheRootAlongAPathIsWhatPrecedesTheFilesIndexPath) {
+  // A symbolic link outside the dataset (~/data -> /scratch/me/ds) and a bind mount.
+  EXPECT_EQ(root_of("", "/home/me/data/x", "x"), "/home/me/data");
+  EXPECT_EQ(root_of("", "/home/me/data/a/b/x", "a/b/x"), "/home/me/data");
+  EXPECT_EQ(root_of("", "/mnt/ds/train/0001.jpg", "train/0001.jpg"), "/mnt/ds");
+  // Spelled loosely: empty components and "." are the kernel's no-ops.
+  EXPECT_EQ(root_of("", "//home/./me//data/a/./b//x", "a/b/x"), "/home/me/data");
+  // Relative to the current directory, inside the link or above it.
+  EXPECT_EQ(root_of("/home/me/data/a", "b/x", "a/b/x"), "/home/me/data");
+  EXPECT_EQ(root_of("/home/me/data/a/b", "x", "a/b/x"), "/home/me/data");
+  EXPECT_EQ(root_of("/home/me", "./data/a/b/x", "a/b/x"), "/home/me/data");
+  EXPECT_EQ(root_of("/home/me/", "data//x", "x"), "/home/me/data");
+  // An absolute path ignores the current directory.
+  EXPECT_EQ(root_of("/elsewhere", "/home/me/data/x", "x"), "/home/me/data");
+}
+
+TEST(Views, NoRootWhereThePathIsNotTheFilesOrCannotBeKnownLexically) {
+  // Another name: the tail differs (a hard link elsewhere, a renamed copy).
+  EXPECT_EQ(root_of("", "/home/me/data/y", "x"), "(none)");
+  EXPECT_EQ(root_of("", "/home/me/data/c/x", "a/b/x"), "(none)");
+  EXPECT_EQ(root_of("", "/home/me/data/ab/x", "a/b/x"), "(none)");
+  EXPECT_EQ(root_of("", "/home/me/xa/b/x", "a/b/x"), "(none)");  // components, not characters
+  // ".." after a possible link is not the lexical parent, before or after the root.
+  EXPECT_EQ(root_of("", "/home/link/../data/x", "x"), "(none)");
+  EXPECT_EQ(root_of("", "/home/data/a/../a/x", "a/x"), "(none)");
+  EXPECT_EQ(root_of("/home/../me", "data/x", "x"), "(none)");
+  // The root would be "/", which is no dataset's view; or nothing at all.
+  EXPECT_EQ(root_of("", "/a/x", "a/x"), "(none)");
+  EXPECT_EQ(root_of("", "/x", "x"), "(none)");
+  EXPECT_EQ(root_of("", "x", "x"), "(none)");  // relative with no current directory
+  EXPECT_EQ(root_of("relative", "x", "x"), "(none)");
+  EXPECT_EQ(root_of("", "/home/me/data/x", ""), "(none)");
+  EXPECT_EQ(root_of("", "/home/me/data/x", "/x"), "(none)");
+  EXPECT_EQ(root_of("", "/home/me/data/a/x", "a//x"), "(none)");
+  EXPECT_EQ(root_of("", "", "x"), "(none)");
+  // Too long for the caller's buffer, or for a path at all: nothing, no overflow.
+  EXPECT_EQ(root_of("", "/home/me/data/x", "x", 13), "(none)");
+  EXPECT_EQ(root_of("", "/home/me/data/x", "x", 14), "/home/me/data");
+  std::string deep(3 * PATH_MAX, 'a');
+  EXPECT_EQ(root_of("/" + deep, deep + "/x", "x"), "(none)");
 }
 
 }  // namespace
