@@ -12,6 +12,7 @@
 
 #include "fdtable.h"
 #include "handlers.h"
+#include "mappings.h"
 #include "paths.h"
 #include "process.h"
 
@@ -138,6 +139,10 @@ bool stale_word(JobMap* m, uint32_t file, Change change) {
 void mark_stale(JobMap* m, uint32_t file, Change change) {
   if (file >= m->size()) return;
   if (stale_word(m, file, change)) {
+    // This process's mappings of it moved to its copy go back to the PFS file
+    // now, before the change; the other processes' at their next call.
+    if (change == Change::kBytes) maps_stale(m, file);
+    m->header().copies_changed.fetch_add(1, std::memory_order_release);
     add(m, c_fb_stale);
     send(m, Request::kStale, file);
     note("%.*s changed by the job: read from the PFS from now on", int(m->path(file).size()),

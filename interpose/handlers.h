@@ -65,7 +65,17 @@ inline ssize_t on_read(int fd, void* buf, size_t n, off_t off, bool positional,
   return on_read(fd, &v, 1, off, positional, pass);
 }
 off_t on_lseek(int fd, off_t off, int whence, Pass<off_t> pass);
+
+// ---- mappings (mappings.cpp; what they promise: mappings.h) ----
 void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pass<void*> pass);
+int on_munmap(void* addr, size_t len, Pass<int> pass);
+// mremap of [addr, addr + len) (to `to` with MREMAP_FIXED): moved mappings
+// there go back to the PFS first.
+void* on_mremap(void* addr, size_t len, size_t new_len, int flags, void* to, Pass<void*> pass);
+int on_mprotect(void* addr, size_t len, int prot, Pass<int> pass);
+int on_madvise(void* addr, size_t len, int advice, Pass<int> pass);
+// mlock, mlock2, and mlockall (all: with MCL_CURRENT): locked pages are never moved.
+int on_mlock(void* addr, size_t len, bool all, Pass<int> pass);
 
 // ---- what a descriptor looks like (observe.cpp) ----
 int on_stat(int dirfd, const char* path, struct stat* st, int flags, Pass<int> pass);

@@ -18,6 +18,7 @@
 #include "client.h"
 #include "fdtable.h"
 #include "handlers.h"
+#include "mappings.h"
 #include "serve.h"
 
 namespace monarch {
@@ -500,6 +501,7 @@ void after_fork_child() {
   P.pid = real_pid();
   P.loading = 0;
   t_slot = {};  // the forking thread's slot stays the parent's
+  maps_after_fork();
   for_each_tracked([](int, FdEntry* e) {
     e->lock.clear();
     e->shared = true;  // one open file, two processes: offsets move under each other

@@ -432,44 +432,4 @@ off_t on_lseek(int fd, off_t off, int whence, Pass<off_t> pass) {
   return pos;
 }
 
-void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pass<void*> pass) {
-  FdEntry* e = tracked(fd);
-  if (!e || !owner()) return pass();
-  JobMap* m = e->map;
-  void* p = MAP_FAILED;
-  bool done = false;
-  if (e->kind.load() == kLocal && !native_read(e) && identity(fd, e)) {
-    int pfd = open_pfs(e, e->direct ? O_DIRECT : 0);  // a changed copy: map the PFS file
-    p = pfd >= 0 ? real::mmap(addr, len, prot, flags, pfd, off) : MAP_FAILED;
-    KeepErrno k;
-    if (pfd >= 0) real::close(pfd);
-    done = true;
-  } else if (e->kind.load() == kPfs && !e->gave_up) {
-    State s = m->state(e->file);
-    if (s.state == kCached && identity(fd, e)) {  // the finished copy, same version
-      char path[2 * kPathMax + 64];
-      int cfd = copy_path(m, e->file, s.tier, path, sizeof path)
-                    ? real::open(path, O_RDONLY | O_CLOEXEC)
-                    : -1;
-      if (cfd >= 0) {
-        p = real::mmap(addr, len, prot, flags, cfd, off);
-        KeepErrno k;
-        real::close(cfd);
-        done = p != MAP_FAILED;
-        if (done) e->tier = uint8_t(s.tier);
-      }
-    } else if (s.state == kNone && !e->placed) {
-      e->placed = true;
-      send(m, Request::kPlace, e->file);
-    }
-  }
-  if (!done) p = pass();
-  if (p != MAP_FAILED && tracked(fd)) {
-    KeepErrno k;
-    bool local = (e->kind.load() == kLocal && native_read(e)) || (e->kind.load() == kPfs && done);
-    count_mapping(m, e->file, uint64_t(off), len, local);
-  }
-  return p;
-}
-
 }  // namespace monarch

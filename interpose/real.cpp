@@ -7,6 +7,7 @@
 #include <spawn.h>
 #include <stdarg.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>

@@ -6,6 +6,7 @@
 #include <spawn.h>
 #include <stdarg.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
@@ -16,6 +17,7 @@
 
 #include "fdtable.h"
 #include "handlers.h"
+#include "mappings.h"
 #include "process.h"
 
 #define MONARCH_EXPORT __attribute__((visibility("default")))
@@ -24,6 +26,12 @@ using monarch::Pass;
 using monarch::PassFd;
 
 namespace {
+// Every wrapper first looks whether a dataset file's mapping has a copy to
+// move to, or a moved one must go back (maps_check, mappings.h: one load
+// when the process has no such mapping): an epoch of numpy.memmap slices or
+// LMDB gets makes no system call, but what a training loop makes between them
+// (a DataLoader's reads of its pipes, opens, stats, closes) comes here.
+//
 // The wrapper's body: skip Monarch when re-entered. A function with no real
 // counterpart fails with ENOSYS. Built without exceptions (CMakeLists.txt):
 // the handlers throw none, and a thread's cancellation unwinds through here
@@ -40,6 +48,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     else
       return R(-1);
   }
+  monarch::maps_check();
   if (!monarch::enter(reinterpret_cast<uintptr_t>(__builtin_frame_address(0)))) return fn();
   struct Leave {
     ~Leave() { monarch::leave(); }
@@ -77,6 +86,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
       va_end(ap);                                                                        \
     }                                                                                    \
     if (__builtin_expect(!monarch::real::name, 0)) monarch::real::resolve();             \
+    monarch::maps_check();                                                               \
     if (monarch::real::name && !MONARCH_WRITES(flags) && monarch::outside(dirfd, path))  \
       if (!monarch::learning()) return monarch::real::name(MONARCH_UNPAREN args, mode);  \
     return name##_served(MONARCH_UNPAREN args, mode);                                    \
@@ -128,6 +138,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
   MONARCH_SERVED(ret, name, params, args, handler)                         \
   extern "C" MONARCH_EXPORT ret name params {                              \
     MONARCH_REAL_OR_ENOSYS(name)                                           \
+    monarch::maps_check();                                                 \
     monarch::FdEntry* e = monarch::tracked(fd);                            \
     if (!e) return monarch::real::name args;                               \
     if (monarch::native_read(e) && (monarch::t_slot.sample++ & 63) != 0) { \
@@ -142,6 +153,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
   MONARCH_SERVED(ret, name, params, args, handler)                               \
   extern "C" MONARCH_EXPORT ret name params {                                    \
     MONARCH_REAL_OR_ENOSYS(name)                                                 \
+    monarch::maps_check();                                                       \
     return monarch::tracked(fd) ? name##_served args : monarch::real::name args; \
   }
 #include "wrappers.def"

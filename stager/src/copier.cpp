@@ -869,6 +869,7 @@ void Copier::finish(Job& job) {
   bool published =
       set_state(job.file, job.copying, make_state(kCached, job.tier, ahead ? kAhead : 0));
   if (linked) unlinkat(tier_fd, tmp.c_str(), 0);
+  if (published) map_.header().copies_changed.fetch_add(1, std::memory_order_release);
   if (!published) {
     // Marked stale while it was written: the copy goes, the PFS serves.
     unlinkat(tier_fd, final_name.c_str(), 0);

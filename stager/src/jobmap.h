@@ -217,6 +217,10 @@ struct Header {
   // A process said that a part of the job is not visible to it (a
   // container's mounts): the others on this node need not say it again.
   std::atomic<uint32_t> said_hidden;
+  // Bumped when a copy is published (the stager) or a file is marked changed
+  // (the library): a process with a mapping of a dataset file then looks
+  // whether it moves to its copy or back to the PFS (interpose/mappings.h).
+  std::atomic<uint64_t> copies_changed;
 };
 
 // Whether the stager that made the job map in the job directory `job_dir_fd`

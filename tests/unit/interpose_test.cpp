@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -17,6 +18,7 @@
 #include "fdtable.h"
 #include "handlers.h"
 #include "index.h"
+#include "mappings.h"
 #include "paths.h"
 #include "process.h"
 
@@ -633,6 +635,101 @@ TEST_F(Handlers, AMountTheIndexCrossedThatIsAbsentHereIsNeverServed) {
   ASSERT_GE(fd, 0);
   EXPECT_EQ(read_all(fd), "UNDER x!!");
   real::close(fd);
+}
+
+// ---- mappings (mappings.h) ----
+
+// The path the kernel shows for the mapping at `p` ("" when none).
+std::string mapped_path(const void* p) {
+  std::ifstream f("/proc/self/maps");
+  for (std::string line; std::getline(f, line);) {
+    uintptr_t a = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+    uintptr_t b = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
+    if (uintptr_t(p) >= a && uintptr_t(p) < b) {
+      size_t slash = line.find('/');
+      return slash == std::string::npos ? "[anonymous]" : line.substr(slash);
+    }
+  }
+  return "";
+}
+
+// A mapping through the handler. (The small file's open handed its bytes to
+// no stager here and gave up on a copy: as if a stager had taken them.)
+void* mmap_(void* at, size_t len, int prot, int flags, int fd) {
+  tracked(fd)->gave_up = false;
+  auto fn = [&] { return real::mmap(at, len, prot, flags, fd, 0); };
+  return on_mmap(at, len, prot, flags, fd, 0, Pass<void*>(fn));
+}
+int munmap_(void* at, size_t len) {
+  auto fn = [&] { return real::munmap(at, len); };
+  return on_munmap(at, len, Pass<int>(fn));
+}
+// The stager published a copy: processes with mappings look at their next call.
+void published(JobMap* m) {
+  m->header().copies_changed.fetch_add(1);
+  maps_check();
+}
+
+// The kernel's view by PROCMAP_QUERY, then by /proc/self/maps's lines (older kernels).
+TEST_F(Handlers, AMappingMadeBeforeItsCopyMovesToItAndBackWhenTheFileChanges) {
+  for (bool by_lines : {false, true}) {
+    SCOPED_TRACE(by_lines ? "/proc/self/maps" : "PROCMAP_QUERY");
+    g_maps_by_lines = by_lines;
+    m->entry(id("b.bin")).state = make_state(kNone);
+    int fd = open_((ds / "b.bin").string());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(tracked(fd)->kind.load(), kPfs);
+    auto* p = static_cast<const char*>(mmap_(nullptr, 10, PROT_READ, MAP_SHARED, fd));
+    ASSERT_NE(p, MAP_FAILED);
+    real::close(fd);
+    EXPECT_EQ(mapped_path(p), fs::canonical(ds / "b.bin").string());
+    cache("b.bin", "dataset b!");
+    published(m);
+    EXPECT_EQ(mapped_path(p), (job / "data/b.bin").string());  // moved, same address
+    EXPECT_EQ(std::string(p, 10), "dataset b!");
+    mark_stale(m, id("b.bin"));  // the job writes it: the PFS file first
+    EXPECT_EQ(mapped_path(p), fs::canonical(ds / "b.bin").string());
+    EXPECT_EQ(std::string(p, 10), "dataset b!");
+    EXPECT_EQ(munmap_(const_cast<char*>(p), 10), 0);
+    EXPECT_EQ(mapped_path(p), "");
+  }
+  g_maps_by_lines = false;
+}
+
+TEST_F(Handlers, AMovedMappingMadeWritableIsThePfsFilesAgain) {
+  int fd = open_((ds / "b.bin").string());
+  auto* p = static_cast<char*>(mmap_(nullptr, 10, PROT_READ, MAP_PRIVATE, fd));
+  ASSERT_NE(p, MAP_FAILED);
+  real::close(fd);
+  cache("b.bin", "dataset b!");
+  published(m);
+  ASSERT_EQ(mapped_path(p), (job / "data/b.bin").string());
+  auto fn = [&] { return real::mprotect(p, 10, PROT_READ | PROT_WRITE); };
+  ASSERT_EQ(on_mprotect(p, 10, PROT_READ | PROT_WRITE, Pass<int>(fn)), 0);
+  EXPECT_EQ(mapped_path(p), fs::canonical(ds / "b.bin").string());
+  p[0] = 'D';  // the process's own page now
+  EXPECT_EQ(std::string(p, 10), "Dataset b!");
+  published(m);  // never moved again: it may hold the program's writes
+  EXPECT_EQ(mapped_path(p), fs::canonical(ds / "b.bin").string());
+  EXPECT_EQ(munmap_(p, 10), 0);
+}
+
+TEST_F(Handlers, AMappingRemovedBehindMonarchsBackIsNeverReplaced) {
+  int fd = open_((ds / "b.bin").string());
+  auto* p = static_cast<char*>(mmap_(nullptr, 10, PROT_READ, MAP_SHARED, fd));
+  ASSERT_NE(p, MAP_FAILED);
+  real::close(fd);
+  // A raw munmap, and the program's own memory at that address since.
+  ASSERT_EQ(syscall(SYS_munmap, p, 10), 0);
+  void* mine =
+      real::mmap(p, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  ASSERT_EQ(mine, p);
+  std::memcpy(p, "the program's", 13);
+  cache("b.bin", "dataset b!");
+  published(m);
+  EXPECT_EQ(std::string(p, 13), "the program's");
+  EXPECT_EQ(mapped_path(p), "[anonymous]");
+  EXPECT_EQ(munmap_(p, 4096), 0);
 }
 
 }  // namespace
