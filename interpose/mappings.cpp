@@ -497,6 +497,13 @@ void forget(void* addr, size_t len) {
 
 }  // namespace
 
+// A mapping of a descriptor opened for writing is the PFS file's, read-only
+// or not, and never moves: when another process of the job writes the file,
+// the change reaches this process's mappings only at its next intercepted
+// call, and a program may act on a mapping with none in between (an LMDB
+// write transaction reads its meta page through the mapping right after the
+// writer's lock, a futex). Its reads through read() and pread() are served:
+// they look at the file's state at each call.
 void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pass<void*> pass) {
   if ((flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) == MAP_FIXED && table() && owner())
     forget(addr, len);
@@ -514,7 +521,7 @@ void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pa
     KeepErrno k;
     if (pfd >= 0) real::close(pfd);
     done = true;
-  } else if (e->kind.load() == kPfs && !e->gave_up) {
+  } else if (e->kind.load() == kPfs && !e->gave_up && !e->writable) {
     State s = m->state(e->file);
     if (s.state == kCached && identity(fd, e)) {  // the finished copy, same version
       char path[2 * kPathMax + 64];
@@ -540,7 +547,7 @@ void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pa
     p = pass();
     KeepErrno k;
     bool kept = p != MAP_FAILED && recordable(prot, flags, off, len) && tracked(fd) == e;
-    if (kept && e->kind.load() == kPfs && !e->gave_up && identity(fd, e))
+    if (kept && e->kind.load() == kPfs && !e->gave_up && !e->writable && identity(fd, e))
       record(p, len, prot, flags, off, fd, e, false);  // moves to the copy once it is there
     else if (kept && native_read(e))  // the copy itself: back to the PFS if the job changes it
       record(p, len, prot, flags, off, fd, e, true, e->dev, e->ino);

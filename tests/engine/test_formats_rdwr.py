@@ -77,11 +77,13 @@ def child_sqlite(path, how, seed):
         epoch_line(epoch + 1, h)
 
 
-def child_lmdb(path, seed):
+def child_lmdb(path, seed, how="defaults"):
     import lmdb
     rng = random.Random(seed)
     for epoch in range(EPOCHS):
-        env = lmdb.open(path)  # the defaults: read-write, locked
+        # The defaults: read-write, locked (data.mdb opened O_RDWR). Read-only:
+        # data.mdb opened O_RDONLY, lock.mdb still read-write.
+        env = lmdb.open(path) if how == "defaults" else lmdb.open(path, readonly=True)
         h = hashlib.sha256()
         with env.begin() as txn:
             n = env.stat()["entries"]
@@ -162,7 +164,7 @@ def child():
     if kind == "sqlite":
         child_sqlite(sys.argv[3], sys.argv[4], int(sys.argv[5]))
     elif kind == "lmdb":
-        child_lmdb(sys.argv[3], int(sys.argv[4]))
+        child_lmdb(sys.argv[3], int(sys.argv[4]), *sys.argv[5:])
     elif kind == "rw":
         child_rw(sys.argv[3], sys.argv[4])
 
@@ -258,8 +260,35 @@ class RdwrFormats(Case):
         # Opened before its copy existed: the descriptor moves to the copy once.
         self.epochs(["sqlite", "{ds}/db.sqlite", "once", "2"])
 
-    def test_lmdb_env_per_epoch(self):
-        self.epochs(["lmdb", "{ds}/env", "3"], unchanged=False)
+    def test_lmdb_env_per_epoch_readonly(self):
+        # LMDB reads through its mapping of data.mdb: served when the file is
+        # opened for reading only (readonly=True, the usual way to open a
+        # dataset); epochs 2-3 map the copy.
+        first, last = self.lmdb_mappings("readonly")
+        mapped = last["mmap_bytes"] - first["mmap_bytes"]
+        local = last["mmap_local_bytes"] - first["mmap_local_bytes"]
+        self.assertGreater(mapped, 0)
+        self.assertGreaterEqual(local, 0.9 * mapped)
+
+    def test_lmdb_env_per_epoch_defaults_maps_the_pfs_file(self):
+        # lmdb.open(path): data.mdb opened for reading and writing. Its
+        # mapping is the PFS file's (mappings.cpp, on_mmap: a write by
+        # another process would reach a mapping of the copy too late), and
+        # the values are the direct run's.
+        first, last = self.lmdb_mappings("defaults")
+        self.assertGreater(last["mmap_bytes"] - first["mmap_bytes"], 0)
+        self.assertEqual(last["mmap_local_bytes"] - first["mmap_local_bytes"], 0)
+
+    def lmdb_mappings(self, how):
+        direct, monarch, summary = self.both(["lmdb", "{ds}/env", "3", how])
+        a = [json.loads(line) for line in direct.splitlines()]
+        b = [json.loads(line) for line in monarch.splitlines()]
+        self.assertEqual([e["hash"] for e in a], [e["hash"] for e in b], "results differ")
+        self.assertEqual(len(b), EPOCHS)
+        print(f"lmdb {how}: epochs 2-3 mapped {b[-1]['stats']['mmap_bytes'] - b[0]['stats']['mmap_bytes']} B, "
+              f"{b[-1]['stats']['mmap_local_bytes'] - b[0]['stats']['mmap_local_bytes']} B of copies",
+              flush=True)
+        return b[0]["stats"], b[-1]["stats"]
 
     def test_read_then_write(self):
         direct, monarch, summary = self.both(["rw", "{ds}", "rw.bin"])
