@@ -84,7 +84,10 @@ int on_statx(int fd, const char* path, int flags, unsigned mask, struct statx* s
   if (!e) return pass();
   int pfd = open_pfs(e);
   if (pfd < 0) return -1;
-  int r = on_fd(pfd);
+  // The PFS descriptor itself: the caller's path (/proc/self/fd/N, absolute)
+  // would name the copy again whatever the directory descriptor.
+  int r = real::statx(pfd, "", AT_EMPTY_PATH | (flags & AT_STATX_SYNC_TYPE), mask, stx);
+  (void)on_fd;
   KeepErrno k;
   real::close(pfd);
   return r;
