@@ -5,6 +5,7 @@
 // it leaves Monarch's state alone.
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,17 +27,33 @@ void untrack_range(unsigned first, unsigned last) {
 }
 
 // `to` is a new descriptor for the open file of `from` (dup, fcntl).
+// A descriptor that can write, duplicated onto 0, 1 or 2, is written by
+// stdio's stdin, stdout and stderr with glibc's own calls: a change now.
 void follow_dup(int from, int to) {
-  if (FdEntry* e = tracked(from))
+  if (FdEntry* e = tracked(from)) {
     duplicate(e, to);
-  else
+    if (to <= 2) changes(e);
+  } else {
     untrack(to);
+  }
+}
+
+// A descriptor that can write, closing: a write Monarch did not see through
+// it (dprintf, aio_write, a raw system call, another process it was passed
+// to) left the file's version other than the index's: a change.
+void closing_writer(int fd, FdEntry* e) {
+  struct stat st;
+  if (e->writable && real::fstat(fd, &st) == 0 && !e->map->same_version(e->file, st)) changes(e);
 }
 
 }  // namespace
 
 int on_close(int fd, Pass<int> pass) {
-  if (tracked(fd) && owner()) untrack(fd);
+  if (FdEntry* e = tracked(fd); e && owner()) {
+    KeepErrno k;
+    closing_writer(fd, e);
+    untrack(e);
+  }
   return pass();
 }
 

@@ -66,7 +66,6 @@ struct Record {
   uint32_t file;
   uint16_t advice;            // Lasting bits
   bool moved;                 // the range maps the copy now
-  bool rdwr;                  // MAP_SHARED of a descriptor opened O_RDWR: the PFS file goes back so
   uint64_t dev, ino;          // the file the range maps now
   uint64_t pfs_dev, pfs_ino;  // the PFS file
 };
@@ -364,7 +363,7 @@ bool move(Record& r, uint32_t tier) {
 bool put_back(Record& r) {
   char path[2 * kPathMax];
   if (!pfs_path(r.map, r.file, path, sizeof path)) return false;
-  int fd = real::open(path, (r.rdwr ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  int fd = real::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st;
   bool ok = real::fstat(fd, &st) == 0 && uint64_t(st.st_dev) == r.pfs_dev &&
@@ -402,25 +401,13 @@ void record(void* p, size_t len, int prot, int flags, off_t off, int fd, FdEntry
   const Attr* a = m->attr(e->file);
   Table* t = make_table();
   if (!a || !t) return;
-  bool rdwr = shared(flags) && (real::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDWR;
   uint64_t pfs_ino = m->entry(e->file).ino;
   Locked lock(t);
   if (t->count == kRecords) return;
   Record& r = t->r[t->count++];
-  r = Record{uintptr_t(p),
-             page_up(len),
-             off,
-             prot,
-             flags,
-             m,
-             e->file,
-             0,
-             moved,
-             rdwr,
-             moved ? dev : a->dev,
-             moved ? ino : pfs_ino,
-             a->dev,
-             pfs_ino};
+  r = Record{
+      uintptr_t(p),         page_up(len),          off,    prot,   flags, m, e->file, 0, moved,
+      moved ? dev : a->dev, moved ? ino : pfs_ino, a->dev, pfs_ino};
   // The next call looks, whatever it saw before: the copy may have been
   // published since this mmap found none (or the map be a new stager's).
   std::atomic<uint64_t>& changed = m->header().copies_changed;
@@ -497,13 +484,15 @@ void forget(void* addr, size_t len) {
 
 }  // namespace
 
-// A mapping of a descriptor opened for writing is the PFS file's, read-only
-// or not, and never moves: when another process of the job writes the file,
-// the change reaches this process's mappings only at its next intercepted
-// call, and a program may act on a mapping with none in between (an LMDB
-// write transaction reads its meta page through the mapping right after the
-// writer's lock, a futex). Its reads through read() and pread() are served:
-// they look at the file's state at each call.
+// A mapping of a descriptor opened for writing is the PFS file's and never
+// moves; a shared one is a change of the file (made writable by mprotect, it
+// writes with no call Monarch sees). When another process of the job writes
+// the file, the change would reach a mapping of the copy only at this
+// process's next intercepted call, and a program may act on a mapping with
+// none in between (an LMDB write transaction reads its meta page through the
+// mapping right after the writer's lock, a futex). Reads through read() and
+// pread() of such a descriptor are served: they look at the file's state at
+// each call.
 void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pass<void*> pass) {
   if ((flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) == MAP_FIXED && table() && owner())
     forget(addr, len);
@@ -512,9 +501,8 @@ void* on_mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off, Pa
   JobMap* m = e->map;
   void* p = MAP_FAILED;
   bool done = false;
-  if (e->kind.load() == kPfs && shared(flags) && (prot & PROT_WRITE) &&
-      (real::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDWR && identity(fd, e))
-    mark_stale(m, e->file);  // a writable shared mapping changes the file
+  if (e->kind.load() == kPfs && e->writable && shared(flags))
+    changes(e);  // writes through it, or after an mprotect, are never seen
   if (e->kind.load() == kLocal && !native_read(e) && identity(fd, e)) {
     int pfd = open_pfs(e, e->direct ? O_DIRECT : 0);  // a changed copy: map the PFS file
     p = pfd >= 0 ? real::mmap(addr, len, prot, flags, pfd, off) : MAP_FAILED;
@@ -593,20 +581,10 @@ int on_mprotect(void* addr, size_t len, int prot, Pass<int> pass) {
   if (!t || !owner()) return pass();
   uintptr_t a = uintptr_t(addr), end = page_up(a + len);
   if (prot & PROT_WRITE) {
-    // Writable from now on: a shared mapping of a descriptor that can write
-    // changes the file (stale before the call, in every process); any
-    // mapping goes back to the PFS file first and is never moved again.
-    struct Change {
-      JobMap* map;
-      uint32_t file;
-    } changes[16];
-    int n = 0;
-    {
-      Locked lock(t);
-      for (int i = 0; i < t->count && n < 16; ++i)
-        if (overlaps(t->r[i], a, end) && t->r[i].rdwr) changes[n++] = {t->r[i].map, t->r[i].file};
-    }
-    for (int i = 0; i < n; ++i) mark_stale(changes[i].map, changes[i].file);
+    // Writable from now on: the mapping goes back to the PFS file first and
+    // is never moved again. (Recorded mappings are of descriptors opened for
+    // reading only: a shared mapping of one that can write is a change at
+    // mmap, on_mmap.)
     Locked lock(t);
     put_back_and_drop(t, a, end);
     return pass();

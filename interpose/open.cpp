@@ -13,13 +13,16 @@
 // moved (not from the moment this opener came): a stuck claim or copy stops
 // every later opener from waiting at all.
 //
-// An open for writing of an indexed dataset file that does not change it by
-// itself (O_RDWR or O_WRONLY, with O_CREAT or O_APPEND, not O_TRUNC:
-// sqlite3.connect, lmdb.open, which also opens data.mdb O_WRONLY for its
-// meta pages) leaves the file as it is until a call through that open file
-// may change it (changes(): write, pwrite, writev, ftruncate, fallocate, a
-// transfer into it, a stream that writes, a writable shared mapping): the
-// file is stale from then on. The program holds its own PFS descriptor
+// An open for reading and writing of an indexed dataset file (O_RDWR, with
+// or without O_CREAT; not O_APPEND or O_TRUNC: sqlite3.connect, lmdb.open)
+// leaves the file as it is until a call through that open file may change
+// it (changes(): write, pwrite, writev, ftruncate, fallocate, a transfer into
+// it, a stream that writes, a duplicate onto descriptor 0, 1 or 2, a shared
+// mapping), or until it closes having changed (a write Monarch did not see:
+// dprintf, aio_write, a raw system call): the file is stale from then on.
+// Write-only and O_APPEND opens are changes at once: they are made to write,
+// often with glibc's own calls (a shell's `>>` and its builtin echo write
+// through stdio), which Monarch never sees. The program holds its own PFS descriptor
 // (kPfs); opened for reading and writing, its reads are served from the copy
 // as an open for reading's are. A program started by exec that inherits
 // such a descriptor marks its file stale when it starts (process.cpp:
@@ -61,8 +64,8 @@ bool writes(int flags) {
 // fails), O_PATH, O_DIRECTORY, O_TMPFILE, O_DIRECT, O_NOATIME (not served
 // for reading either).
 bool writes_later(int flags) {
-  return (flags & O_ACCMODE) != O_RDONLY &&
-         !(flags & (O_TRUNC | O_EXCL | O_PATH | O_DIRECTORY | O_DIRECT | O_NOATIME)) &&
+  return (flags & O_ACCMODE) == O_RDWR &&
+         !(flags & (O_APPEND | O_TRUNC | O_EXCL | O_PATH | O_DIRECTORY | O_DIRECT | O_NOATIME)) &&
          (flags & O_TMPFILE) != O_TMPFILE;
 }
 
@@ -306,12 +309,11 @@ int open_file(JobMap* m, const Resolved& r, int dirfd, const char* path, int fla
   return fd;
 }
 
-// An open for writing of the indexed dataset file r.id that is a change
-// only once it writes (writes_later): the program's own PFS descriptor,
-// tracked as one that can write; opened for reading and writing, served as
-// an open for reading is (write-only: never served, the kernel refuses its
-// reads). One that cannot be tracked, or whose comparison with the PFS
-// failed, is a change now.
+// An open for reading and writing of the indexed dataset file r.id that is
+// a change only once it writes (writes_later): the program's own PFS
+// descriptor, tracked as one that can write, served as an open for reading
+// is. One that cannot be tracked, or whose comparison with the PFS failed,
+// is a change now.
 int open_writer(JobMap* m, const Resolved& r, int dirfd, const char* path, int flags,
                 Pass<int> pass) {
   bool failed;
@@ -319,16 +321,7 @@ int open_writer(JobMap* m, const Resolved& r, int dirfd, const char* path, int f
   int fd = pass();
   if (fd < 0) return fd;
   KeepErrno k;
-  bool tracked_now;
-  if ((flags & O_ACCMODE) == O_RDWR) {
-    tracked_now = !failed && opened_pfs(m, r.id, s, fd, false, true);
-  } else {
-    FdEntry* e = failed ? nullptr : track(fd, m, r.id, kPfs);
-    if (e) e->writable = e->gave_up = true;
-    tracked_now = e;
-    add(m, c_pfs_opens);
-  }
-  if (!tracked_now) {
+  if (failed || !opened_pfs(m, r.id, s, fd, false, true)) {
     untrack(fd);
     opened_for_writing(fd);
   }

@@ -159,8 +159,24 @@ def child_rw(root, rel):
     print("\n".join(out), flush=True)
 
 
+def child_append(root, rel):
+    """Appends to a dataset file the way shell scripts do (bash's builtin
+    echo writes through stdio, glibc's own calls), then reads it again."""
+    path = os.path.join(root, rel)
+    with open(path, "rb") as f:
+        f.read()
+    print("copy made:", copy_exists(rel))
+    cmd = f'echo appended >> "{path}"; exec 3<>"{path}"; echo rw >&3; exec 3>&-; wc -c < "{path}"'
+    print(subprocess.run(["bash", "-c", cmd], capture_output=True, text=True).stdout.strip())
+    with open(path, "rb") as f:
+        data = f.read()
+    print(len(data), hashlib.sha256(data).hexdigest(), data[:8])
+
+
 def child():
     kind = sys.argv[2]
+    if kind == "append":
+        child_append(sys.argv[3], sys.argv[4])
     if kind == "sqlite":
         child_sqlite(sys.argv[3], sys.argv[4], int(sys.argv[5]))
     elif kind == "lmdb":
@@ -289,6 +305,14 @@ class RdwrFormats(Case):
               f"{b[-1]['stats']['mmap_local_bytes'] - b[0]['stats']['mmap_local_bytes']} B of copies",
               flush=True)
         return b[0]["stats"], b[-1]["stats"]
+
+    def test_shell_appends(self):
+        # `>>` opens O_WRONLY|O_APPEND and `<>` O_RDWR; bash's echo writes
+        # through stdio, which Monarch never sees: the opens and the duplicate
+        # onto descriptor 1 are the changes.
+        direct, monarch, summary = self.both(["append", "{ds}", "rw.bin"])
+        self.assertEqual(direct.splitlines(), monarch.splitlines(), summary)
+        self.assertIn("copy made: True", monarch)
 
     def test_read_then_write(self):
         direct, monarch, summary = self.both(["rw", "{ds}", "rw.bin"])

@@ -337,7 +337,7 @@ TEST_F(Handlers, WritesMakeTheFileStaleWhateverThePath) {
 // An open for writing that does not change the file by itself
 // (sqlite3.connect, lmdb.open) is the program's own PFS descriptor and leaves
 // the file as it is, until a call that may change it through that open file.
-TEST_F(Handlers, AnOpenForWritingIsAChangeOnlyOnceItWrites) {
+TEST_F(Handlers, AnOpenForReadingAndWritingIsAChangeOnlyOnceItWrites) {
   cache("a.bin", "dataset a");
   cache("b.bin", "dataset b!");
   cache("sub/c.bin", "dataset c");
@@ -355,11 +355,13 @@ TEST_F(Handlers, AnOpenForWritingIsAChangeOnlyOnceItWrites) {
   changes(fd);  // what the write wrappers call first
   EXPECT_EQ(m->state(id("a.bin")).state, kStale);
   real::close(fd);
-  // Write-only (LMDB's meta pages): never served, a change once it writes.
+  // Write-only or appending (a shell's `>>`, whose echo writes through
+  // stdio): a change at open.
   fd = open_((ds / "b.bin").string(), O_WRONLY | O_APPEND);
-  ASSERT_NE(tracked(fd), nullptr);
-  EXPECT_EQ(m->state(id("b.bin")).state, kCached);
-  on_fdopen(fd, "a", Pass<FILE*>(fn));
+  EXPECT_EQ(m->state(id("b.bin")).state, kStale);
+  real::close(fd);
+  cache("b.bin", "dataset b!");
+  fd = open_((ds / "b.bin").string(), O_RDWR | O_APPEND);
   EXPECT_EQ(m->state(id("b.bin")).state, kStale);
   real::close(fd);
   // O_TRUNC changes the file at once; a descriptor for reading never does.
@@ -371,6 +373,32 @@ TEST_F(Handlers, AnOpenForWritingIsAChangeOnlyOnceItWrites) {
   EXPECT_EQ(m->state(id("sub/c.bin")).state, kStale);
   real::close(fd);
   real::close(ro);
+}
+
+TEST_F(Handlers, AReadWriteDescriptorThatStdioOrAnUnseenCallCanWriteIsAChange) {
+  cache("a.bin", "dataset a");
+  cache("b.bin", "dataset b!");
+  // Onto descriptor 0, 1 or 2: stdio's stdin, stdout and stderr write it
+  // with glibc's own calls.
+  int fd = open_((ds / "a.bin").string(), O_RDWR);
+  ASSERT_NE(tracked(fd), nullptr);
+  int saved = real::dup(2);
+  auto dup2_ = [&] { return real::dup2(fd, 2); };
+  EXPECT_EQ(on_dup2(fd, 2, Pass<int>(dup2_)), 2);
+  EXPECT_EQ(m->state(id("a.bin")).state, kStale);
+  real::dup2(saved, 2);
+  untrack(2);
+  real::close(saved);
+  real::close(fd);
+  // Written by a call Monarch does not see (dprintf's internal write): a
+  // change when the descriptor closes, its version no longer the index's.
+  fd = open_((ds / "b.bin").string(), O_RDWR);
+  ASSERT_NE(tracked(fd), nullptr);
+  ASSERT_EQ(syscall(SYS_pwrite64, fd, "X", 1, 0), 1);
+  EXPECT_EQ(m->state(id("b.bin")).state, kCached);
+  auto close_ = [&] { return real::close(fd); };
+  EXPECT_EQ(on_close(fd, Pass<int>(close_)), 0);
+  EXPECT_EQ(m->state(id("b.bin")).state, kStale);
 }
 
 TEST_F(Handlers, ErrnoIsTheKernelsOnEveryPath) {
