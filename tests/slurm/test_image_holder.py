@@ -39,7 +39,7 @@ sys.stdin.read()
 
 
 def holder_config():
-    text = st.read(st.CONFIG).replace("quota = 4M", "quota = 1G").replace("quota = 256M",
+    text = st.read(st.CONFIG).replace("quota = 9M", "quota = 1G").replace("quota = 256M",
                                                                           "quota = 1G")
     path = os.path.join(st.ROOT, "holder.conf")
     with open(path, "w") as f:

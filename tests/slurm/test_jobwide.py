@@ -194,7 +194,7 @@ class JobWide(JobWideCase):
     def test_each_node_holds_40_percent(self):
         """Tiers of 40% of the dataset a node: the job's nodes hold it all
         between them (homes a third each), quotas hold, bytes are right."""
-        # The first tier (4M) holds the job map and the statistics' reserve,
+        # The first tier (9M) holds the job map and the statistics' reserve,
         # and little room besides: the second holds the node's 40%. Plain
         # directories: a file system image that small would lose a share of
         # its quota to its own metadata.

@@ -189,7 +189,7 @@ class JobWideMillion(st.SlurmTest):
         conf = st.config_variant("million", general={
             "start_timeout": 300, "log_level": "info", "stage_ahead": "no",
             "job_space": "directory"})
-        text = st.read(conf).replace("quota = 4M", "quota = 1G")
+        text = st.read(conf).replace("quota = 9M", "quota = 1G")
         with open(conf, "w") as f:
             f.write(text)
         return conf
