@@ -148,6 +148,16 @@ void duplicate(FdEntry* from, int to) {
   e->kind.store(from->kind.load(), std::memory_order_release);
 }
 
+struct stat version_of(const struct statx& sx) {
+  struct stat st {};
+  st.st_dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+  st.st_ino = sx.stx_ino;
+  st.st_size = off_t(sx.stx_size);
+  st.st_mtim = {sx.stx_mtime.tv_sec, long(sx.stx_mtime.tv_nsec)};
+  st.st_ctim = {sx.stx_ctime.tv_sec, long(sx.stx_ctime.tv_nsec)};
+  return st;
+}
+
 bool identity(int fd, FdEntry* e) {
   struct stat st;
   if (e->kind.load() == kLocal) {
@@ -163,11 +173,7 @@ bool identity(int fd, FdEntry* e) {
     untrack(e);
     return false;
   }
-  st.st_dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-  st.st_ino = sx.stx_ino;
-  st.st_size = off_t(sx.stx_size);
-  st.st_mtim = {sx.stx_mtime.tv_sec, long(sx.stx_mtime.tv_nsec)};
-  st.st_ctim = {sx.stx_ctime.tv_sec, long(sx.stx_ctime.tv_nsec)};
+  st = version_of(sx);
   if (e->map->same_version(e->file, st)) return true;
   const Attr* a = e->map->attr(e->file);
   if (a && uint64_t(st.st_dev) == a->dev && uint64_t(st.st_ino) == e->map->entry(e->file).ino) {

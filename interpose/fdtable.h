@@ -22,6 +22,7 @@
 // a copy, which are right whatever the table says, skip the check.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -128,6 +129,10 @@ void for_each_tracked(F f) {
 // version the index holds (checked on the kernel's cached attributes, which
 // costs the PFS nothing). A false claim is forgotten here.
 bool identity(int fd, FdEntry* e);
+
+// The fields of `sx` that JobMap::same_version compares (device, inode,
+// size, mtime, ctime), in a struct stat; the others are zero.
+struct stat version_of(const struct statx& sx);
 
 struct EntryLock {
   FdEntry* e;

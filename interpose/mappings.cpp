@@ -330,11 +330,7 @@ bool move(Record& r, uint32_t tier) {
   if (!pfs_path(m, r.file, pfs, sizeof pfs) ||
       real::statx(AT_FDCWD, pfs, AT_STATX_DONT_SYNC, STATX_BASIC_STATS, &sx) != 0)
     return false;
-  st.st_dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-  st.st_ino = sx.stx_ino;
-  st.st_size = off_t(sx.stx_size);
-  st.st_mtim = {sx.stx_mtime.tv_sec, long(sx.stx_mtime.tv_nsec)};
-  st.st_ctim = {sx.stx_ctime.tv_sec, long(sx.stx_ctime.tv_nsec)};
+  st = version_of(sx);
   if (uint64_t(st.st_dev) != r.pfs_dev || uint64_t(st.st_ino) != r.pfs_ino ||
       !m->same_version(r.file, st))
     return false;
