@@ -26,12 +26,6 @@ using monarch::Pass;
 using monarch::PassFd;
 
 namespace {
-// Every wrapper first looks whether a dataset file's mapping has a copy to
-// move to, or a moved one must go back (maps_check, mappings.h: one load
-// when the process has no such mapping): an epoch of numpy.memmap slices or
-// LMDB gets makes no system call, but what a training loop makes between them
-// (a DataLoader's reads of its pipes, opens, stats, closes) comes here.
-//
 // The wrapper's body: skip Monarch when re-entered. A function with no real
 // counterpart fails with ENOSYS. Built without exceptions (CMakeLists.txt):
 // the handlers throw none, and a thread's cancellation unwinds through here
@@ -48,7 +42,6 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     else
       return R(-1);
   }
-  monarch::maps_check();
   if (!monarch::enter(reinterpret_cast<uintptr_t>(__builtin_frame_address(0)))) return fn();
   struct Leave {
     ~Leave() { monarch::leave(); }
@@ -56,6 +49,14 @@ R serve(bool have_real, Fn& fn, Handler handler) {
   return handler();
 }
 }  // namespace
+
+// Every wrapper first looks, once, whether a dataset file's mapping has a
+// copy to move to, or a moved one must go back (maps_check, mappings.h: one
+// load when the process has no such mapping): an epoch of numpy.memmap
+// slices or LMDB gets makes no system call, but what a training loop makes
+// between them (a DataLoader's reads of its pipes, opens, stats, closes)
+// comes here. The fast paths look before they choose; the served calls
+// they choose (`name##_served`) do not look again.
 
 // glibc's own test (__OPEN_NEEDS_MODE): O_TMPFILE contains O_DIRECTORY's bit.
 #define MONARCH_NEEDS_MODE(flags) (((flags)&O_CREAT) || ((flags)&O_TMPFILE) == O_TMPFILE)
@@ -94,6 +95,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
 #define MONARCH_WRAP(ret, name, params, args, handler)                                       \
   extern "C" MONARCH_EXPORT ret name params {                                                \
     if (!monarch::real::name) monarch::real::resolve();                                      \
+    monarch::maps_check();                                                                   \
     auto fn = [&]() -> ret { return monarch::real::name args; };                             \
     auto with_fd = [&](int fd) -> ret { return monarch::real::name args; };                  \
     Pass<ret> pass(fn);                                                                      \
@@ -109,6 +111,7 @@ R serve(bool have_real, Fn& fn, Handler handler) {
     void* arg = va_arg(ap, void*);                                                           \
     va_end(ap);                                                                              \
     if (!monarch::real::name) monarch::real::resolve();                                      \
+    monarch::maps_check();                                                                   \
     auto fn = [&]() -> ret { return monarch::real::name args; };                             \
     Pass<ret> pass(fn);                                                                      \
     using namespace monarch;                                                                 \
