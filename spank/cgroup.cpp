@@ -1,13 +1,16 @@
 #include "cgroup.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <signal.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 extern "C" {
 #include <sys/pidfd.h>
 }
 
+#include <algorithm>
 #include <cerrno>
 #include <set>
 #include <sstream>
@@ -46,15 +49,39 @@ std::set<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+std::vector<pid_t> members(const std::string& leaf) {
+  std::vector<pid_t> pids;
+  std::istringstream in(read_file(leaf + "/cgroup.procs"));
+  long pid;
+  while (in >> pid) pids.push_back(pid_t(pid));
+  return pids;
+}
+
+// The number after "KEY " in a flat keyed file (cgroup.events, memory.stat).
+std::optional<uint64_t> keyed_value(const std::string& text, const std::string& key) {
+  std::istringstream in(text);
+  std::string k;
+  uint64_t v;
+  while (in >> k >> v)
+    if (k == key) return v;
+  return std::nullopt;
+}
+
+std::optional<uint64_t> number_in(const std::string& path) {
+  std::string text = read_file(path);
+  if (text.empty() || text[0] < '0' || text[0] > '9') return std::nullopt;
+  return std::stoull(text);
+}
+
 struct CgroupMount {
   std::string point, root;
   bool v2 = false;
   std::set<std::string> options;  // v1: the controllers among the super options
 };
 
-std::vector<CgroupMount> cgroup_mounts() {
+std::vector<CgroupMount> cgroup_mounts(const std::string& mountinfo) {
   std::vector<CgroupMount> mounts;
-  std::istringstream in(read_file("/proc/self/mountinfo"));
+  std::istringstream in(mountinfo);
   std::string line;
   while (std::getline(in, line)) {
     size_t dash = line.find(" - ");
@@ -63,13 +90,16 @@ std::vector<CgroupMount> cgroup_mounts() {
     std::string id, parent, devno, root, point, type, source, super;
     head >> id >> parent >> devno >> root >> point;
     tail >> type >> source >> super;
-    if ((type != "cgroup" && type != "cgroup2") || !point.starts_with(kCgroupRoot)) continue;
+    // Below /sys/fs/cgroup/ (v1, and v2 beside it) or at it (v2 alone, as
+    // every current distribution mounts it).
+    if ((type != "cgroup" && type != "cgroup2") || !(point + "/").starts_with(kCgroupRoot))
+      continue;
     mounts.push_back({point, root, type == "cgroup2", split(super, ',')});
   }
   return mounts;
 }
 
-// A line of /proc/self/cgroup, "ID:CONTROLLERS:PATH", on disk.
+// The mount of the hierarchy of a /proc/self/cgroup line "ID:CONTROLLERS:PATH".
 const CgroupMount* mount_of(const std::vector<CgroupMount>& mounts, const std::string& id,
                             const std::string& controllers) {
   for (const CgroupMount& m : mounts) {
@@ -85,13 +115,16 @@ const CgroupMount* mount_of(const std::vector<CgroupMount>& mounts, const std::s
   return nullptr;
 }
 
-// Is `pid` listed in `procs` (the text of a cgroup.procs file)?
-bool listed(const std::string& procs, pid_t pid) {
-  std::istringstream in(procs);
-  long p;
-  while (in >> p)
-    if (p == pid) return true;
-  return false;
+// Signals each listed process once a pidfd holds it and it is still listed
+// (so a pid reused meanwhile is never signalled).
+void kill_listed(const std::string& leaf) {
+  for (pid_t pid : members(leaf)) {
+    Fd fd(pidfd_open(pid, 0));
+    if (!fd) continue;
+    std::vector<pid_t> now = members(leaf);
+    if (std::find(now.begin(), now.end(), pid) != now.end())
+      pidfd_send_signal(fd.get(), SIGKILL, nullptr, 0);
+  }
 }
 
 int64_t now_ms() {
@@ -100,33 +133,22 @@ int64_t now_ms() {
   return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
 }
 
-// Kills what is in `leaf`, only processes still listed there once a pidfd
-// holds them (so a pid reused meanwhile is never signalled). True when the
-// leaf is empty.
-bool kill_members(const std::string& leaf, int& killed) {
-  std::string procs_path = leaf + "/cgroup.procs";
-  write_file(leaf + "/cgroup.kill", "1");  // v2 (Linux 5.14+): all at once
-  std::string procs = read_file(procs_path);
-  std::istringstream in(procs);
-  long pid;
-  bool any = false;
-  while (in >> pid) {
-    any = true;
-    Fd fd(pidfd_open(pid_t(pid), 0));
-    if (fd && listed(read_file(procs_path), pid_t(pid)) &&
-        pidfd_send_signal(fd.get(), SIGKILL, nullptr, 0) == 0)
-      killed++;
-  }
-  return !any;
-}
-
 }  // namespace
 
-std::vector<CgroupJoin> job_cgroup_leaves(uint32_t job_id) {
-  std::vector<CgroupJoin> leaves;
-  std::vector<CgroupMount> mounts = cgroup_mounts();
+CgroupVersion cgroup_version(const std::string& dir) {
+  struct statfs fs;
+  if (statfs(dir.c_str(), &fs) != 0) return CgroupVersion::kNone;
+  if (fs.f_type == CGROUP2_SUPER_MAGIC) return CgroupVersion::kV2;
+  if (fs.f_type == CGROUP_SUPER_MAGIC) return CgroupVersion::kV1;
+  return CgroupVersion::kNone;
+}
+
+std::vector<std::string> job_cgroup_dirs(uint32_t job_id, const std::string& proc_cgroup,
+                                         const std::string& mountinfo) {
+  std::vector<std::string> dirs;
+  std::vector<CgroupMount> mounts = cgroup_mounts(mountinfo);
   std::string component = "/job_" + std::to_string(job_id);
-  std::istringstream in(read_file("/proc/self/cgroup"));
+  std::istringstream in(proc_cgroup);
   std::string line;
   while (std::getline(in, line)) {
     size_t a = line.find(':'), b = line.find(':', a + 1);
@@ -145,25 +167,86 @@ std::vector<CgroupJoin> job_cgroup_leaves(uint32_t job_id) {
       if (!job.starts_with(m->root)) continue;
       job = job.substr(m->root.size());
     }
-    std::string job_dir = m->point + job;
-    CgroupJoin join{.dir = job_dir + "/" + kLeaf};
-    if (!m->v2 && m->options.count("cpuset"))
-      for (const char* f : {"cpuset.cpus", "cpuset.mems"})
-        join.copy.emplace_back(job_dir + "/" + f, join.dir + "/" + f);
-    leaves.push_back(std::move(join));
+    dirs.push_back(m->point + job);
+  }
+  return dirs;
+}
+
+CgroupJoin leaf_join(const std::string& job_dir, CgroupVersion version) {
+  CgroupJoin join{.dir = job_dir + "/" + kLeaf};
+  if (version == CgroupVersion::kV1 && access((job_dir + "/cpuset.cpus").c_str(), F_OK) == 0)
+    for (const char* f : {"cpuset.cpus", "cpuset.mems"})
+      join.copy.emplace_back(job_dir + "/" + f, join.dir + "/" + f);
+  return join;
+}
+
+std::vector<CgroupJoin> job_cgroup_leaves(uint32_t job_id) {
+  std::vector<CgroupJoin> leaves;
+  for (const std::string& dir :
+       job_cgroup_dirs(job_id, read_file("/proc/self/cgroup"), read_file("/proc/self/mountinfo"))) {
+    CgroupVersion version = cgroup_version(dir);
+    if (version != CgroupVersion::kNone) leaves.push_back(leaf_join(dir, version));
   }
   return leaves;
 }
 
-int remove_job_cgroups(const std::vector<std::string>& leaves, unsigned timeout_s) {
-  int killed = 0;
+std::optional<uint64_t> memory_peak(const std::string& leaf, CgroupVersion version) {
+  switch (version) {
+    case CgroupVersion::kV1:
+      return number_in(leaf + "/memory.max_usage_in_bytes");
+    case CgroupVersion::kV2:
+      if (auto peak = number_in(leaf + "/memory.peak")) return peak;
+      return number_in(leaf + "/memory.current");
+    case CgroupVersion::kNone:
+      break;
+  }
+  return std::nullopt;
+}
+
+void kill_leaf(const std::string& leaf, CgroupVersion version) {
+  switch (version) {
+    case CgroupVersion::kV2:
+      if (!write_file(leaf + "/cgroup.kill", "1")) kill_listed(leaf);  // before Linux 5.14
+      return;
+    case CgroupVersion::kV1:
+      kill_listed(leaf);
+      return;
+    case CgroupVersion::kNone:
+      return;
+  }
+}
+
+bool leaf_empty(const std::string& leaf, CgroupVersion version) {
+  switch (version) {
+    case CgroupVersion::kV2:
+      if (auto populated = keyed_value(read_file(leaf + "/cgroup.events"), "populated"))
+        return *populated == 0;
+      return members(leaf).empty();
+    case CgroupVersion::kV1:
+      return members(leaf).empty();
+    case CgroupVersion::kNone:
+      break;
+  }
+  return true;
+}
+
+RemovedCgroups remove_job_cgroups(const std::vector<std::string>& leaves, unsigned timeout_s) {
+  RemovedCgroups out;
   int64_t deadline = now_ms() + int64_t(timeout_s) * 1000;
   for (const std::string& leaf : leaves) {
     if (!leaf.starts_with(kCgroupRoot) || !leaf.ends_with(std::string("/") + kLeaf)) continue;
-    while (!kill_members(leaf, killed) && now_ms() < deadline) {
+    CgroupVersion version = cgroup_version(leaf);
+    if (version == CgroupVersion::kNone) continue;
+    if (auto peak = memory_peak(leaf, version))
+      out.memory_peak = std::max(out.memory_peak.value_or(0), *peak);
+    std::set<pid_t> seen;
+    while (!leaf_empty(leaf, version) && now_ms() < deadline) {
+      for (pid_t pid : members(leaf)) seen.insert(pid);
+      kill_leaf(leaf, version);
       timespec pause = {0, 20'000'000};
       nanosleep(&pause, nullptr);
     }
+    out.killed += int(seen.size());
     if (rmdir(leaf.c_str()) != 0) continue;
     // Slurm's own directories above, which it could not remove while the
     // leaf was there: only if empty (rmdir says so), only these names.
@@ -174,7 +257,7 @@ int remove_job_cgroups(const std::vector<std::string>& leaves, unsigned timeout_
       dir = dir.substr(0, dir.rfind('/'));
     }
   }
-  return killed;
+  return out;
 }
 
 }  // namespace monarch::spank

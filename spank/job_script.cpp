@@ -154,9 +154,12 @@ void write_report(const JobEnd& end) {
 }
 
 void end_cgroups(const JobEnd& end) {
-  int killed = remove_job_cgroups(end.cgroups, kCgroupTimeout);
-  if (killed)
-    log_info(end.key + ": killed " + std::to_string(killed) +
+  RemovedCgroups removed = remove_job_cgroups(end.cgroups, kCgroupTimeout);
+  if (removed.memory_peak)
+    log_info(end.key + ": the job's Monarch cgroup (stager, report) used at most " +
+             std::to_string((*removed.memory_peak + (1 << 20) - 1) >> 20) + " MiB of memory");
+  if (removed.killed)
+    log_info(end.key + ": killed " + std::to_string(removed.killed) +
              " process(es) left in the job's Monarch cgroup");
 }
 

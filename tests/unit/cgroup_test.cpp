@@ -1,0 +1,325 @@
+// The job's Monarch cgroup (spank/cgroup.h) against real hierarchies: a
+// Slurm-like job cgroup is made in each cgroup file system this machine
+// mounts (cgroup v1's memory and cpuset hierarchies, as cgroup/v1 makes
+// "uid_U/job_J/step_0"; the v2 unified hierarchy, as cgroup/v2 makes
+// "system.slice/slurmstepd.scope/job_J/step_0"); a process in the step
+// finds the job's leaves and starts a "stager" (two processes) in them with
+// fork_as_user, as slurmstepd does; then the job's end reads the leaves'
+// charge, kills them and removes them. As root only (skipped otherwise).
+// The parsing of /proc/self/cgroup and mountinfo is tested on texts.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cgroup.h"
+
+namespace monarch::spank {
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool put(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.flush();
+  return bool(out);
+}
+
+// ---- parsing (no root needed) ----
+
+constexpr const char* kMountinfo =
+    "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+    "34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset\n"
+    "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+    "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+    "50 23 0:40 / /tmp/elsewhere rw,relatime - cgroup cgroup rw,pids\n";
+
+TEST(CgroupParse, FindsTheJobInEveryHierarchyWhereItHasOne) {
+  std::string cgroup =
+      "5:pids:/slurm/uid_1000/job_42/step_0\n"  // mounted outside /sys/fs/cgroup/: ignored
+      "4:memory:/slurm/uid_1000/job_42/step_batch/user/task_0\n"
+      "3:cpuset:/slurm/uid_1000/job_42/step_0\n"
+      "2:cpu,cpuacct:/\n"  // no job cgroup in this one
+      "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n";
+  EXPECT_EQ(
+      job_cgroup_dirs(42, cgroup, kMountinfo),
+      (std::vector<std::string>{"/sys/fs/cgroup/memory/slurm/uid_1000/job_42",
+                                "/sys/fs/cgroup/cpuset/slurm/uid_1000/job_42",
+                                "/sys/fs/cgroup/unified/system.slice/slurmstepd.scope/job_42"}));
+}
+
+TEST(CgroupParse, AnotherJobWhoseIdStartsTheSameIsNotThisJob) {
+  std::string cgroup =
+      "0::/system.slice/slurmstepd.scope/job_421/step_0\n"
+      "4:memory:/slurm/uid_1/job_42x/step_0\n";
+  EXPECT_TRUE(job_cgroup_dirs(42, cgroup, kMountinfo).empty());
+}
+
+TEST(CgroupParse, AMountOfASubtreeIsFollowed) {
+  // A container (or a cgroup namespace) that mounts only the node's subtree.
+  std::string mountinfo =
+      "41 31 0:38 /system.slice /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw\n";
+  std::string cgroup = "0::/system.slice/slurmstepd.scope/job_7/step_0\n";
+  EXPECT_EQ(job_cgroup_dirs(7, cgroup, mountinfo),
+            (std::vector<std::string>{"/sys/fs/cgroup/slurmstepd.scope/job_7"}));
+  std::string outside = "0::/other.slice/job_7/step_0\n";
+  EXPECT_TRUE(job_cgroup_dirs(7, outside, mountinfo).empty());
+}
+
+TEST(CgroupParse, NoCgroupFileSystemNoLeaf) {
+  EXPECT_TRUE(job_cgroup_dirs(42, "0::/job_42/step_0\n", "").empty());
+  EXPECT_EQ(cgroup_version("/proc"), CgroupVersion::kNone);
+}
+
+// ---- real hierarchies (root) ----
+
+struct Hierarchy {
+  std::string mount;
+  CgroupVersion version;
+  std::string controller;  // v1: the one controller it was found by; v2: ""
+};
+
+// The hierarchies to try: v1 memory and cpuset where this machine mounts
+// them, and the v2 unified hierarchy (below /sys/fs/cgroup/ or at it).
+std::vector<Hierarchy> hierarchies() {
+  std::vector<Hierarchy> out;
+  std::istringstream in(slurp("/proc/self/mountinfo"));
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream head(line.substr(0, dash)), tail(line.substr(dash + 3));
+    std::string id, parent, devno, root, point, type, source, super;
+    head >> id >> parent >> devno >> root >> point;
+    tail >> type >> source >> super;
+    if (root != "/" || !(point + "/").starts_with("/sys/fs/cgroup/")) continue;
+    if (type == "cgroup2") out.push_back({point, CgroupVersion::kV2, ""});
+    for (const char* c : {"memory", "cpuset"})
+      if (type == "cgroup" &&
+          ("," + super + ",").find(std::string(",") + c + ",") != std::string::npos)
+        out.push_back({point, CgroupVersion::kV1, c});
+  }
+  return out;
+}
+
+class CgroupReal : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (makes cgroups)";
+    job_ = 900000000 + uint32_t(getpid());
+    base_ = "monarch-unit-" + std::to_string(getpid());
+    for (const Hierarchy& h : hierarchies()) {
+      // As Slurm's plugins lay a job out: v1 "uid_U/job_J/step_S", v2
+      // "system.slice/slurmstepd.scope/job_J/step_S".
+      std::vector<std::string> parts =
+          h.version == CgroupVersion::kV2
+              ? std::vector<std::string>{base_, "system.slice", "slurmstepd.scope",
+                                         "job_" + std::to_string(job_), "step_0"}
+              : std::vector<std::string>{base_, "uid_0", "job_" + std::to_string(job_), "step_0"};
+      std::string dir = h.mount;
+      for (const std::string& part : parts) {
+        std::string parent = dir;
+        dir += "/" + part;
+        ASSERT_EQ(mkdir(dir.c_str(), 0755), 0) << dir << ": " << strerror(errno);
+        made_.push_back(dir);
+        if (h.controller == "cpuset") {  // a v1 cpuset starts empty
+          for (const char* f : {"cpuset.cpus", "cpuset.mems"})
+            ASSERT_TRUE(put(dir + "/" + f, slurp(parent + "/" + f))) << dir;
+        }
+      }
+      steps_.push_back(dir);
+      jobs_[h.mount] = dir.substr(0, dir.rfind('/'));
+      found_.push_back(h);
+    }
+    if (found_.empty()) GTEST_SKIP() << "no cgroup hierarchy mounted below /sys/fs/cgroup";
+    // Orphans (the "stager", once its starter exits) come to this process.
+    ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  }
+
+  void TearDown() override {
+    for (pid_t pid : stager_) kill(pid, SIGKILL);
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    for (const Hierarchy& h : found_) rmdir((jobs_[h.mount] + "/monarch").c_str());
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) rmdir(it->c_str());
+    prctl(PR_SET_CHILD_SUBREAPER, 0);
+  }
+
+  // What slurmstepd does in user_init: a process in the job's step cgroups
+  // finds the leaves and starts the stager in them. Returns the leaves; the
+  // stager's pids in stager_.
+  std::vector<CgroupJoin> start_stager() {
+    int p[2];
+    EXPECT_EQ(pipe(p), 0);
+    pid_t stepd = fork();
+    if (stepd == 0) {
+      close(p[0]);
+      for (const std::string& step : steps_)
+        if (!put(step + "/cgroup.procs", "0")) _exit(3);
+      std::vector<CgroupJoin> leaves = job_cgroup_leaves(job_);
+      std::string text;
+      for (const CgroupJoin& j : leaves)
+        text += "leaf " + j.dir + " " + std::to_string(j.copy.size()) + "\n";
+      ChildSetup setup{.cgroups = leaves};
+      int err[2];
+      if (pipe(err) != 0) _exit(4);
+      pid_t stager = fork_as_user(setup, err[1]);
+      if (stager == 0) {
+        execl("/bin/sh", "sh", "-c", "sleep 600 & exec sleep 600", nullptr);
+        _exit(127);
+      }
+      close(err[1]);
+      char why[256] = {};
+      if (read(err[0], why, sizeof why - 1) > 0) text += std::string("error ") + why;
+      text += "stager " + std::to_string(stager) + "\n";
+      (void)!write(p[1], text.data(), text.size());
+      _exit(0);
+    }
+    close(p[1]);
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(p[0], buf, sizeof buf)) > 0) text.append(buf, size_t(n));
+    close(p[0]);
+    int status = 0;
+    EXPECT_EQ(waitpid(stepd, &status, 0), stepd);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    std::vector<CgroupJoin> leaves;
+    std::istringstream in(text);
+    std::string word;
+    while (in >> word) {
+      if (word == "leaf") {
+        CgroupJoin j;
+        size_t copies;
+        in >> j.dir >> copies;
+        j.copy.resize(copies);
+        leaves.push_back(j);
+      } else if (word == "stager") {
+        pid_t pid;
+        in >> pid;
+        stager_.push_back(pid);
+      } else {
+        ADD_FAILURE() << "the stager's set-up failed: " << text;
+        break;
+      }
+    }
+    return leaves;
+  }
+
+  // The pids of this process's children that are in `leaf`.
+  std::vector<pid_t> in_leaf(const std::string& leaf) {
+    std::vector<pid_t> pids;
+    std::istringstream in(slurp(leaf + "/cgroup.procs"));
+    pid_t pid;
+    while (in >> pid) pids.push_back(pid);
+    return pids;
+  }
+
+  uint32_t job_ = 0;
+  std::string base_;
+  std::vector<Hierarchy> found_;
+  std::vector<std::string> made_, steps_;
+  std::map<std::string, std::string> jobs_;  // mount -> job dir
+  std::vector<pid_t> stager_;
+};
+
+TEST_F(CgroupReal, TheStagerRunsInTheJobsLeafAndDiesWithIt) {
+  std::vector<CgroupJoin> leaves = start_stager();
+  ASSERT_EQ(stager_.size(), 1u);
+  ASSERT_EQ(leaves.size(), found_.size()) << "a leaf in each hierarchy where the job has a cgroup";
+  std::vector<std::string> paths;
+  for (const Hierarchy& h : found_) {
+    std::string leaf = jobs_[h.mount] + "/monarch";
+    paths.push_back(leaf);
+    auto it = std::find_if(leaves.begin(), leaves.end(),
+                           [&](const CgroupJoin& j) { return j.dir == leaf; });
+    ASSERT_NE(it, leaves.end()) << "no leaf " << leaf;
+    EXPECT_EQ(cgroup_version(leaf), h.version) << leaf;
+    // v1's cpuset leaf takes the job's CPUs and memory nodes first; v2 inherits them.
+    EXPECT_EQ(it->copy.size(), h.controller == "cpuset" ? 2u : 0u) << leaf;
+    if (h.controller == "cpuset") {
+      EXPECT_EQ(slurp(leaf + "/cpuset.cpus"), slurp(jobs_[h.mount] + "/cpuset.cpus"));
+    }
+  }
+  // The stager and the process it started are both in every leaf (the
+  // shell forks before it execs: wait for both).
+  for (int i = 0; i < 500 && in_leaf(paths[0]).size() < 2; i++) usleep(10'000);
+  for (const std::string& leaf : paths) {
+    std::vector<pid_t> pids = in_leaf(leaf);
+    EXPECT_EQ(pids.size(), 2u) << leaf;
+    EXPECT_NE(std::find(pids.begin(), pids.end(), stager_[0]), pids.end()) << leaf;
+  }
+  // The charge: v1's memory hierarchy, and v2 where memory is a controller
+  // of the leaf; none elsewhere.
+  for (const Hierarchy& h : found_) {
+    std::string leaf = jobs_[h.mount] + "/monarch";
+    bool memory =
+        h.version == CgroupVersion::kV2
+            ? (" " + slurp(leaf + "/cgroup.controllers")).find(" memory") != std::string::npos
+            : h.controller == "memory";
+    std::optional<uint64_t> peak = memory_peak(leaf, h.version);
+    EXPECT_EQ(peak.has_value(), memory) << leaf;
+    if (memory) {
+      EXPECT_GT(*peak, 0u) << leaf;
+    }
+  }
+
+  // The job's end: Slurm has removed its step cgroups (they are empty).
+  for (const std::string& step : steps_) ASSERT_EQ(rmdir(step.c_str()), 0) << step;
+  RemovedCgroups removed = remove_job_cgroups(paths, 10);
+  EXPECT_EQ(removed.killed, 2);
+  for (int reaped = 0; reaped < 2;) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, 0);
+    ASSERT_GT(pid, 0) << "a process of the leaf is not this process's";
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << pid << " " << status;
+    reaped++;
+  }
+  stager_.clear();
+  for (const Hierarchy& h : found_) {
+    EXPECT_NE(access((jobs_[h.mount] + "/monarch").c_str(), F_OK), 0) << "the leaf is left";
+    EXPECT_NE(access(jobs_[h.mount].c_str(), F_OK), 0) << "the job's cgroup is left";
+    std::string above = jobs_[h.mount].substr(0, jobs_[h.mount].rfind('/'));
+    // v1: the user's cgroup "uid_0" went with it; v2: slurmstepd.scope stays.
+    EXPECT_EQ(access(above.c_str(), F_OK) == 0, h.version == CgroupVersion::kV2) << above;
+  }
+}
+
+TEST_F(CgroupReal, AnEmptyLeafIsRemovedAndNothingElse) {
+  for (const Hierarchy& h : found_) {
+    std::string leaf = jobs_[h.mount] + "/monarch";
+    ASSERT_EQ(mkdir(leaf.c_str(), 0755), 0) << leaf;
+    EXPECT_TRUE(leaf_empty(leaf, h.version));
+  }
+  std::vector<std::string> paths;
+  for (const Hierarchy& h : found_) paths.push_back(jobs_[h.mount] + "/monarch");
+  // Names that are not a Monarch leaf below /sys/fs/cgroup/ are not touched.
+  std::vector<std::string> others{jobs_[found_[0].mount], "/tmp/monarch",
+                                  steps_[0] + "/../monarch-not"};
+  EXPECT_EQ(remove_job_cgroups(others, 1).killed, 0);
+  EXPECT_EQ(access(jobs_[found_[0].mount].c_str(), F_OK), 0);
+  RemovedCgroups removed = remove_job_cgroups(paths, 1);
+  EXPECT_EQ(removed.killed, 0);
+  for (const std::string& leaf : paths) EXPECT_NE(access(leaf.c_str(), F_OK), 0) << leaf;
+  // The step cgroups are still there, so the jobs' cgroups stay.
+  for (const Hierarchy& h : found_) EXPECT_EQ(access(jobs_[h.mount].c_str(), F_OK), 0);
+}
+
+}  // namespace
+}  // namespace monarch::spank
