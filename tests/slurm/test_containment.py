@@ -63,6 +63,12 @@ class Containment(st.SlurmTest):
             self.assertEqual(glob.glob(os.path.join(st.CGROUP_ROOT, "*", "*", "uid_*",
                                                     f"job_{job}")), [],
                              "the job's cgroups are still there")
+            # The epilog read the leaf's charge before it killed it: the
+            # memory peak of the stager and the report, in MiB.
+            peak = [line for line in st.slurmd_log().splitlines()
+                    if f"job{job}: the job's Monarch cgroup" in line and "used at most" in line]
+            self.assertEqual(len(peak), 1, "the epilog did not log the leaf's memory peak")
+            self.assertGreater(int(peak[0].split("used at most ")[1].split()[0]), 0, peak[0])
             stats = st.report_json(work, job)
             self.assertGreater(st.stager_counter(stats, "copies"), 0)
 
