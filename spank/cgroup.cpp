@@ -116,15 +116,18 @@ const CgroupMount* mount_of(const std::vector<CgroupMount>& mounts, const std::s
 }
 
 // Signals each listed process once a pidfd holds it and it is still listed
-// (so a pid reused meanwhile is never signalled).
+// (so a pid reused meanwhile is never signalled: the pidfd would name the
+// process that exited).
 void kill_listed(const std::string& leaf) {
+  std::vector<std::pair<pid_t, Fd>> held;
   for (pid_t pid : members(leaf)) {
     Fd fd(pidfd_open(pid, 0));
-    if (!fd) continue;
-    std::vector<pid_t> now = members(leaf);
+    if (fd) held.emplace_back(pid, std::move(fd));
+  }
+  std::vector<pid_t> now = members(leaf);
+  for (const auto& [pid, fd] : held)
     if (std::find(now.begin(), now.end(), pid) != now.end())
       pidfd_send_signal(fd.get(), SIGKILL, nullptr, 0);
-  }
 }
 
 int64_t now_ms() {
@@ -164,7 +167,7 @@ std::vector<std::string> job_cgroup_dirs(uint32_t job_id, const std::string& pro
     if (!m) continue;
     std::string job = path.substr(0, at + component.size());
     if (m->root != "/") {
-      if (!job.starts_with(m->root)) continue;
+      if (job != m->root && !job.starts_with(m->root + "/")) continue;  // outside the mount
       job = job.substr(m->root.size());
     }
     dirs.push_back(m->point + job);
@@ -195,8 +198,7 @@ std::optional<uint64_t> memory_peak(const std::string& leaf, CgroupVersion versi
     case CgroupVersion::kV1:
       return number_in(leaf + "/memory.max_usage_in_bytes");
     case CgroupVersion::kV2:
-      if (auto peak = number_in(leaf + "/memory.peak")) return peak;
-      return number_in(leaf + "/memory.current");
+      return number_in(leaf + "/memory.peak");
     case CgroupVersion::kNone:
       break;
   }
@@ -233,21 +235,36 @@ bool leaf_empty(const std::string& leaf, CgroupVersion version) {
 RemovedCgroups remove_job_cgroups(const std::vector<std::string>& leaves, unsigned timeout_s) {
   RemovedCgroups out;
   int64_t deadline = now_ms() + int64_t(timeout_s) * 1000;
+  std::vector<std::pair<std::string, CgroupVersion>> mine;
   for (const std::string& leaf : leaves) {
     if (!leaf.starts_with(kCgroupRoot) || !leaf.ends_with(std::string("/") + kLeaf)) continue;
     CgroupVersion version = cgroup_version(leaf);
     if (version == CgroupVersion::kNone) continue;
     if (auto peak = memory_peak(leaf, version))
       out.memory_peak = std::max(out.memory_peak.value_or(0), *peak);
-    std::set<pid_t> seen;
-    while (!leaf_empty(leaf, version) && now_ms() < deadline) {
+    mine.emplace_back(leaf, version);
+  }
+  // Every leaf is signalled at least once, all within one deadline (the
+  // same processes are in each hierarchy's leaf).
+  std::set<pid_t> seen;
+  for (bool first = true;; first = false) {
+    bool empty = true;
+    for (const auto& [leaf, version] : mine) {
+      if (leaf_empty(leaf, version)) continue;
+      empty = false;
       for (pid_t pid : members(leaf)) seen.insert(pid);
       kill_leaf(leaf, version);
-      timespec pause = {0, 20'000'000};
-      nanosleep(&pause, nullptr);
     }
-    out.killed += int(seen.size());
-    if (rmdir(leaf.c_str()) != 0) continue;
+    if (empty || (!first && now_ms() >= deadline)) break;
+    timespec pause = {0, 20'000'000};
+    nanosleep(&pause, nullptr);
+  }
+  out.killed = int(seen.size());
+  for (const auto& [leaf, version] : mine) {
+    if (rmdir(leaf.c_str()) != 0) {
+      if (errno != ENOENT) out.left.push_back(leaf);
+      continue;
+    }
     // Slurm's own directories above, which it could not remove while the
     // leaf was there: only if empty (rmdir says so), only these names.
     std::string dir = leaf.substr(0, leaf.rfind('/'));

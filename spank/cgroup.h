@@ -51,9 +51,10 @@ CgroupJoin leaf_join(const std::string& job_dir, CgroupVersion version);
 // job has no cgroup.
 std::vector<CgroupJoin> job_cgroup_leaves(uint32_t job_id);
 
-// Read the charge: the most memory the leaf's processes have used together
-// (v1: memory.max_usage_in_bytes; v2: memory.peak, or memory.current before
-// Linux 5.19). None where the leaf has no memory controller.
+// Read the charge: the most memory the leaf's processes have used together,
+// page cache included (v1: memory.max_usage_in_bytes; v2: memory.peak).
+// None where the leaf has no memory controller, or (v2) before Linux 5.19,
+// which has no peak (memory.current, what the leaf holds now, is not one).
 std::optional<uint64_t> memory_peak(const std::string& leaf, CgroupVersion version);
 
 // Kill the leaf: SIGKILL to every process in it, each only while a pidfd
@@ -66,12 +67,15 @@ void kill_leaf(const std::string& leaf, CgroupVersion version);
 bool leaf_empty(const std::string& leaf, CgroupVersion version);
 
 struct RemovedCgroups {
-  int killed = 0;                       // processes that were left in the leaves
+  int killed = 0;                       // processes that were left in the leaves (signalled)
   std::optional<uint64_t> memory_peak;  // the leaves' largest (none: no memory controller)
+  std::vector<std::string> left;        // leaves that could not be removed (still populated)
 };
 
 // Reads the leaves' memory peak, kills every process in them (and waits, at
-// most `timeout_s`, for them to go), removes the leaves, then the job's
+// most `timeout_s`, for them to go), removes the leaves (`left` names those
+// it could not: a process that did not die in time, as one in uninterruptible
+// sleep), then the job's
 // cgroup and (v1) the user's above it where they are empty (Slurm could not
 // remove them while the leaf was there). Only paths below /sys/fs/cgroup/
 // whose last component is the leaf's name are touched.

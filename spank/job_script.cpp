@@ -161,6 +161,9 @@ void end_cgroups(const JobEnd& end) {
   if (removed.killed)
     log_info(end.key + ": killed " + std::to_string(removed.killed) +
              " process(es) left in the job's Monarch cgroup");
+  for (const std::string& leaf : removed.left)
+    log_error(end.key + ": " + leaf + " still has processes " + std::to_string(kCgroupTimeout) +
+              " s after they were killed; the cgroup is left");
 }
 
 void release_spaces(JobEnd& end) {

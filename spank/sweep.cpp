@@ -46,7 +46,10 @@ SweepResult sweep(const Config& config, const std::string& skip, std::vector<Fd>
           out.kept++;
           continue;
         }
-        remove_job_cgroups(read_cgroup_record(tier.jobs.get(), key), kCgroupTimeout);
+        for (const std::string& leaf :
+             remove_job_cgroups(read_cgroup_record(tier.jobs.get(), key), kCgroupTimeout).left)
+          log_error(key + ": " + leaf + " still has processes " + std::to_string(kCgroupTimeout) +
+                    " s after they were killed; the cgroup is left");
         Release r = release_space(tier, *record);
         if (r.image) images.push_back(std::move(r.image));
         if (!r.problem.empty()) {

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -82,6 +83,17 @@ TEST(CgroupParse, AMountOfASubtreeIsFollowed) {
   EXPECT_TRUE(job_cgroup_dirs(7, outside, mountinfo).empty());
 }
 
+TEST(CgroupParse, AMountRootIsAWholePathComponent) {
+  // A process in "/system.slice2" is outside a mount of "/system.slice".
+  std::string mountinfo =
+      "41 31 0:38 /system.slice /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw\n";
+  EXPECT_TRUE(job_cgroup_dirs(7, "0::/system.slice2/job_7/step_0\n", mountinfo).empty());
+  // The job's own cgroup as the mount's root (a container given the job).
+  std::string job = "41 31 0:38 /slurm/job_7 /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw\n";
+  EXPECT_EQ(job_cgroup_dirs(7, "0::/slurm/job_7/step_0\n", job),
+            (std::vector<std::string>{"/sys/fs/cgroup"}));
+}
+
 TEST(CgroupParse, NoCgroupFileSystemNoLeaf) {
   EXPECT_TRUE(job_cgroup_dirs(42, "0::/job_42/step_0\n", "").empty());
   EXPECT_EQ(cgroup_version("/proc"), CgroupVersion::kNone);
@@ -95,8 +107,8 @@ struct Hierarchy {
   std::string controller;  // v1: the one controller it was found by; v2: ""
 };
 
-// The hierarchies to try: v1 memory and cpuset where this machine mounts
-// them, and the v2 unified hierarchy (below /sys/fs/cgroup/ or at it).
+// The hierarchies to try: v1 memory, cpuset and freezer (proctrack/cgroup's)
+// where this machine mounts them, and the v2 unified hierarchy (below /sys/fs/cgroup/ or at it).
 std::vector<Hierarchy> hierarchies() {
   std::vector<Hierarchy> out;
   std::istringstream in(slurp("/proc/self/mountinfo"));
@@ -110,7 +122,7 @@ std::vector<Hierarchy> hierarchies() {
     tail >> type >> source >> super;
     if (root != "/" || !(point + "/").starts_with("/sys/fs/cgroup/")) continue;
     if (type == "cgroup2") out.push_back({point, CgroupVersion::kV2, ""});
-    for (const char* c : {"memory", "cpuset"})
+    for (const char* c : {"memory", "cpuset", "freezer"})
       if (type == "cgroup" &&
           ("," + super + ",").find(std::string(",") + c + ",") != std::string::npos)
         out.push_back({point, CgroupVersion::kV1, c});
@@ -153,6 +165,22 @@ class CgroupReal : public ::testing::Test {
   }
 
   void TearDown() override {
+    signal(SIGCHLD, SIG_DFL);
+    // Whatever a test left in the leaves (a process whose pid changes, a
+    // frozen one): v2's cgroup.kill, or v1's freezer frozen, killed, thawed.
+    for (int i = 0; i < 50; i++) {
+      bool any = false;
+      for (const Hierarchy& h : found_) {
+        std::string leaf = jobs_[h.mount] + "/monarch";
+        if (h.version == CgroupVersion::kV2) put(leaf + "/cgroup.kill", "1");
+        if (h.controller == "freezer") put(leaf + "/freezer.state", "FROZEN");
+        usleep(20'000);
+        for (pid_t pid : in_leaf(leaf)) kill(pid, SIGKILL), any = true;
+        if (h.controller == "freezer") put(leaf + "/freezer.state", "THAWED");
+      }
+      if (!any) break;
+      usleep(20'000);
+    }
     for (pid_t pid : stager_) kill(pid, SIGKILL);
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
     }
@@ -164,7 +192,7 @@ class CgroupReal : public ::testing::Test {
   // What slurmstepd does in user_init: a process in the job's step cgroups
   // finds the leaves and starts the stager in them. Returns the leaves; the
   // stager's pids in stager_.
-  std::vector<CgroupJoin> start_stager() {
+  std::vector<CgroupJoin> start_stager(const char* script = "sleep 600 & exec sleep 600") {
     int p[2];
     EXPECT_EQ(pipe(p), 0);
     pid_t stepd = fork();
@@ -181,7 +209,7 @@ class CgroupReal : public ::testing::Test {
       if (pipe(err) != 0) _exit(4);
       pid_t stager = fork_as_user(setup, err[1]);
       if (stager == 0) {
-        execl("/bin/sh", "sh", "-c", "sleep 600 & exec sleep 600", nullptr);
+        execl("/bin/sh", "sh", "-c", script, nullptr);
         _exit(127);
       }
       close(err[1]);
@@ -319,6 +347,70 @@ TEST_F(CgroupReal, AnEmptyLeafIsRemovedAndNothingElse) {
   for (const std::string& leaf : paths) EXPECT_NE(access(leaf.c_str(), F_OK), 0) << leaf;
   // The step cgroups are still there, so the jobs' cgroups stay.
   for (const Hierarchy& h : found_) EXPECT_EQ(access(jobs_[h.mount].c_str(), F_OK), 0);
+}
+
+// The leaves a node of this version would have: Slurm's cgroup/v1 makes no
+// job cgroup in the unified hierarchy beside the v1 ones, so where v1
+// hierarchies are found, those alone.
+std::vector<std::string> node_leaves(const std::vector<Hierarchy>& found,
+                                     std::map<std::string, std::string>& jobs) {
+  bool v1 = std::any_of(found.begin(), found.end(),
+                        [](const Hierarchy& h) { return h.version == CgroupVersion::kV1; });
+  std::vector<std::string> leaves;
+  for (const Hierarchy& h : found)
+    if (!v1 || h.version == CgroupVersion::kV1) leaves.push_back(jobs[h.mount] + "/monarch");
+  return leaves;
+}
+
+TEST_F(CgroupReal, AProcessThatForksFastDoesNotOutliveTheJob) {
+  // Each process forks and exits at once: its pid is never the same for
+  // long (a user can make their stager do this with ptrace).
+  start_stager("exec perl -e 'for (1..15) { last unless fork } while (1) { exit if fork }'");
+  ASSERT_EQ(stager_.size(), 1u);
+  signal(SIGCHLD, SIG_IGN);  // the chain's orphans come here: reap them
+  std::vector<std::string> leaves = node_leaves(found_, jobs_);
+  for (int i = 0; i < 500 && in_leaf(leaves[0]).empty(); i++) usleep(10'000);
+  for (const std::string& step : steps_) ASSERT_EQ(rmdir(step.c_str()), 0) << step;
+  RemovedCgroups removed = remove_job_cgroups(leaves, 5);
+  for (const std::string& leaf : leaves) {
+    EXPECT_NE(access(leaf.c_str(), F_OK), 0) << leaf << ": left, with " << in_leaf(leaf).size()
+                                             << " process(es) alive after the job's end";
+  }
+  EXPECT_TRUE(removed.left.empty());
+  EXPECT_GT(removed.killed, 0);
+}
+
+TEST_F(CgroupReal, ALeafThatCannotBeEmptiedIsReported) {
+  std::vector<CgroupJoin> joined = start_stager();
+  ASSERT_EQ(stager_.size(), 1u);
+  auto freezer = std::find_if(found_.begin(), found_.end(),
+                              [](const Hierarchy& h) { return h.controller == "freezer"; });
+  if (freezer == found_.end()) GTEST_SKIP() << "no v1 freezer hierarchy here";
+  // A process that cannot die yet (as one in uninterruptible sleep on a
+  // hung PFS): frozen by a freezer leaf the job's end is not given.
+  std::string frozen = jobs_[freezer->mount] + "/monarch";
+  for (int i = 0; i < 500 && in_leaf(frozen).size() < 2; i++) usleep(10'000);
+  ASSERT_TRUE(put(frozen + "/freezer.state", "FROZEN"));
+  std::vector<std::string> leaves;
+  for (const Hierarchy& h : found_)
+    if (h.controller != "freezer") leaves.push_back(jobs_[h.mount] + "/monarch");
+  RemovedCgroups removed = remove_job_cgroups(leaves, 1);
+  EXPECT_EQ(removed.left, leaves) << "a leaf the job's end left behind, not reported";
+  for (const std::string& leaf : leaves) EXPECT_EQ(access(leaf.c_str(), F_OK), 0) << leaf;
+}
+
+TEST(CgroupPeak, MemoryInUseNowIsNotAPeak) {
+  // A kernel before 5.19 has memory.current and no memory.peak: what the
+  // leaf holds at the job's end is not the most it used.
+  char dir[] = "/tmp/monarch-peak-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  ASSERT_TRUE(put(std::string(dir) + "/memory.current", "4096\n"));
+  EXPECT_EQ(memory_peak(dir, CgroupVersion::kV2), std::nullopt);
+  ASSERT_TRUE(put(std::string(dir) + "/memory.peak", "8192\n"));
+  EXPECT_EQ(memory_peak(dir, CgroupVersion::kV2), std::optional<uint64_t>(8192));
+  unlink((std::string(dir) + "/memory.current").c_str());
+  unlink((std::string(dir) + "/memory.peak").c_str());
+  rmdir(dir);
 }
 
 }  // namespace
