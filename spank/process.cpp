@@ -151,9 +151,15 @@ void set_up_child(const ChildSetup& s, const Prepared& p, int err) {
   reset_signals();
   setsid();
   write_file("/proc/self/oom_score_adj", "0", 1, 0);  // slurmstepd's is -1000
-  for (const std::string& dir : p.dirs)
-    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-      fail(err, "cannot make the job's Monarch cgroup");
+  // A leaf that exists must be root's (made by an earlier step or the
+  // stager's start): Slurm's v1 plugins give the user the job's cgroup, so
+  // the user could have made one first and owned its files.
+  for (const std::string& dir : p.dirs) {
+    struct stat st;
+    if (mkdir(dir.c_str(), 0755) != 0 &&
+        (errno != EEXIST || lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0))
+      fail(err, "cannot make the job's Monarch cgroup (or it exists and is not root's)");
+  }
   for (const auto& [from, to] : p.copies)
     if (!copy_file(from.c_str(), to.c_str())) fail(err, "cannot set the job's Monarch cpuset");
   for (const std::string& procs : p.procs)

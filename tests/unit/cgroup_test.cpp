@@ -380,6 +380,38 @@ TEST_F(CgroupReal, AProcessThatForksFastDoesNotOutliveTheJob) {
   EXPECT_GT(removed.killed, 0);
 }
 
+// Slurm's v1 plugins make the job's cgroup the user's: a "monarch" the user
+// made there first (and whose cgroup.procs the user owns) is not joined.
+TEST_F(CgroupReal, ALeafTheUserMadeFirstIsNotJoined) {
+  std::vector<CgroupJoin> joins;
+  for (const Hierarchy& h : found_) {
+    std::string leaf = jobs_[h.mount] + "/monarch";
+    ASSERT_EQ(mkdir(leaf.c_str(), 0755), 0) << leaf;
+    ASSERT_EQ(chown(leaf.c_str(), 65534, 65534), 0) << leaf;
+    joins.push_back(leaf_join(jobs_[h.mount], h.version));
+  }
+  int err[2];
+  ASSERT_EQ(pipe2(err, O_CLOEXEC), 0);
+  ChildSetup setup{.cgroups = joins};
+  pid_t pid = fork_as_user(setup, err[1]);
+  if (pid == 0) {
+    execl("/bin/true", "true", nullptr);
+    _exit(127);
+  }
+  close(err[1]);
+  std::string why;  // written in pieces: read to the end
+  char buf[256];
+  ssize_t n;
+  while ((n = read(err[0], buf, sizeof buf)) > 0) why.append(buf, size_t(n));
+  close(err[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 126) << status;
+  EXPECT_NE(why.find("not root's"), std::string::npos) << why;
+  for (const Hierarchy& h : found_)
+    EXPECT_EQ(slurp(jobs_[h.mount] + "/monarch/cgroup.procs"), "") << h.mount;
+}
+
 TEST_F(CgroupReal, ALeafThatCannotBeEmptiedIsReported) {
   std::vector<CgroupJoin> joined = start_stager();
   ASSERT_EQ(stager_.size(), 1u);
