@@ -327,7 +327,10 @@ Config load_config(const std::string& path) {
     throw ConfigError(path + ": cannot read the configuration: " + std::strerror(errno) +
                       " (set the path with --config or the plugstack.conf argument config=)");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_config(text, path);
+}
 
+Config parse_config(const std::string& text, const std::string& path) {
   Reader r{path, key_lines(text), {}};
   po::parsed_options parsed(nullptr);
   try {
