@@ -20,25 +20,27 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// This process's dataset (an empty directory: build_index_from stats only
+// its root) and where the maps go.
 struct Place {
+  fs::path dir;
   std::string root, out;
   uint64_t root_ino = 0;
+  Place() {
+    fs::path tmp = fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path();
+    dir = tmp / ("monarch-fuzz-index-wire-" + std::to_string(getpid()));
+    fs::create_directories(dir / "ds");
+    root = (dir / "ds").string();
+    out = (dir / "index").string();
+    struct stat st;
+    FUZZ_CHECK(stat(root.c_str(), &st) == 0);
+    root_ino = st.st_ino;
+  }
+  ~Place() { fs::remove_all(dir); }
 };
 
 const Place& place() {
-  static const Place p = [] {
-    Place p;
-    fs::path tmp = fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path();
-    fs::path dir = tmp / ("monarch-fuzz-index-wire-" + std::to_string(getpid()));
-    fs::create_directories(dir / "ds");
-    p.root = (dir / "ds").string();
-    p.out = (dir / "index").string();
-    struct stat st;
-    FUZZ_CHECK(stat(p.root.c_str(), &st) == 0);
-    p.root_ino = st.st_ino;
-    std::atexit([] { fs::remove_all(fs::path(place().root).parent_path()); });
-    return p;
-  }();
+  static const Place p;
   return p;
 }
 
