@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <exception>
 #include <string_view>
+#include <vector>
 
 #include "plugin.h"
 #include "shown.h"
@@ -34,34 +35,7 @@ void parse_args(int argc, char** argv) {
   State& s = state();
   if (s.args_parsed) return;
   s.args_parsed = true;
-  for (int i = 0; i < argc; ++i) {
-    std::string_view word = argv[i];
-    size_t eq = word.find('=');
-    std::string key(word.substr(0, eq));
-    std::string value(eq == std::string_view::npos ? "" : word.substr(eq + 1));
-    if (key == "config") {
-      if (value.empty() || value[0] != '/') {
-        log_error("plugstack argument '" + std::string(word) +
-                  "': config= needs an absolute path; Monarch is off");
-        s.args.enabled = false;
-      } else {
-        s.args.config = value;
-      }
-    } else if (key == "enabled") {
-      if (value == "yes" || value == "true" || value == "on" || value == "1") {
-        s.args.enabled = true;
-      } else if (value == "no" || value == "false" || value == "off" || value == "0") {
-        s.args.enabled = false;
-      } else {
-        log_error("plugstack argument '" + std::string(word) +
-                  "': accepted enabled=yes or enabled=no; Monarch is off");
-        s.args.enabled = false;
-      }
-    } else {
-      log_error("unknown plugstack argument '" + key +
-                "' ignored; accepted: config=PATH, enabled=yes|no");
-    }
-  }
+  parse_plugstack_args(std::vector<std::string_view>(argv, argv + argc), s.args, log_error);
 }
 
 namespace {

@@ -20,6 +20,7 @@ extern "C" {
 #include <optional>
 #include <string>
 
+#include "args.h"
 #include "config.h"
 #include "process.h"
 #include "record.h"
@@ -27,13 +28,6 @@ extern "C" {
 extern "C" const char plugin_name[];  // "monarch": names the options' environment variables
 
 namespace monarch::spank {
-
-// Arguments from plugstack.conf ("required spank_monarch.so key=value ..."),
-// parsed once per process, defaults first.
-struct Args {
-  std::string config = MONARCH_SPANK_CONFIG;  // the node configuration
-  bool enabled = true;                        // enabled=no: the options have no effect
-};
 
 // What the user asked for with the options.
 struct Request {
@@ -68,8 +62,8 @@ struct State {
 
 State& state();
 
-// Parses the plugstack arguments into state().args once; logs an unknown
-// argument by name and ignores it; a bad value turns the plugin off.
+// Parses the plugstack arguments into state().args once (args.h), logging
+// what it reports.
 void parse_args(int argc, char** argv);
 
 // submit.cpp

@@ -327,7 +327,10 @@ Config load_config(const std::string& path) {
     throw ConfigError(path + ": cannot read the configuration: " + std::strerror(errno) +
                       " (set the path with --config or the plugstack.conf argument config=)");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_config(text, path);
+}
 
+Config parse_config(const std::string& text, const std::string& path) {
   Reader r{path, key_lines(text), {}};
   po::parsed_options parsed(nullptr);
   try {
@@ -335,14 +338,15 @@ Config load_config(const std::string& path) {
     po::options_description none;
     parsed = po::parse_config_file(stream, none, /*allow_unregistered=*/true);
   } catch (const po::invalid_config_file_syntax& e) {
-    // The message quotes the bad line: find it to report its number.
-    std::string what = e.what();
-    size_t a = what.find('\''), b = what.rfind('\'');
-    std::string bad = a < b ? what.substr(a + 1, b - a - 1) : "";
-    throw ConfigError(path + ":" + std::to_string(line_containing(text, bad)) + ": " + what +
-                      " (expected 'key = value' or '[section]')");
-  } catch (const po::error& e) {
-    throw ConfigError(path + ": " + e.what());
+    // Never e.what() of program_options (1.74): it substitutes the line into
+    // its message until no placeholder is left, forever when the line holds
+    // one ("%invalid_line%"). The line, found to report its number.
+    std::string bad = e.tokens();
+    throw ConfigError(path + ":" + std::to_string(line_containing(text, bad)) +
+                      ": the configuration file contains an invalid line '" + bad +
+                      "' (expected 'key = value' or '[section]')");
+  } catch (const po::error&) {
+    throw ConfigError(path + ": not a configuration file (expected 'key = value' or '[section]')");
   }
 
   Config c;

@@ -78,6 +78,9 @@ struct ConfigError : std::runtime_error {
 
 // Reads and validates a configuration file. Throws ConfigError.
 Config load_config(const std::string& path);
+// The same from the file's text; `path` names it in messages and in
+// Config::source. Throws ConfigError.
+Config parse_config(const std::string& text, const std::string& path);
 
 // "4096", "64K", "4M", "2G", "1T" (powers of 1024). Throws std::invalid_argument
 // whose message says what is accepted.

@@ -6,7 +6,10 @@
 
 #include <signal.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <initializer_list>
 
 namespace monarch {
 
@@ -41,5 +44,33 @@ struct Message {
   uint64_t off = 0, len = 0;                             // kPeerRead
   static constexpr uint32_t kMessageMagic = 0x4d4f4e31;  // "MON1"
 };
+static_assert(sizeof(Message) == 40, "no padding: every byte of a datagram is a field");
+
+// A datagram as the stager received it: its bytes (at most sizeof(Message)
+// are read), whether the kernel cut it or its descriptors (MSG_TRUNC,
+// MSG_CTRUNC), and how many descriptors came with it. True when the stager
+// acts on it, with the message in `out`: one whole Message, of the job map
+// of `generation`, naming a file below `files`, of a type the stager serves,
+// with exactly the descriptors that type carries (kData two, kPeerRead one
+// and only when `peer_reads`, the others none). The descriptors of any
+// other datagram are closed unused.
+inline bool decode_message(const void* bytes, size_t length, bool truncated, size_t fds,
+                           uint64_t generation, uint64_t files, bool peer_reads, Message& out) {
+  if (length != sizeof out || truncated) return false;
+  std::memcpy(&out, bytes, sizeof out);
+  if (out.magic != Message::kMessageMagic || out.generation != generation || out.file >= files)
+    return false;
+  switch (out.type) {
+    case Request::kData:
+      return fds == 2;
+    case Request::kPeerRead:
+      return fds == 1 && peer_reads;
+    case Request::kPlace:
+    case Request::kStale:
+    case Request::kRelease:
+      return fds == 0;
+  }
+  return false;
+}
 
 }  // namespace monarch

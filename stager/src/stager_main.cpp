@@ -519,8 +519,8 @@ struct Stager {
     while (!stop) {
       pollfd p[2] = {{.fd = sock, .events = POLLIN}, {.fd = stop_fd, .events = POLLIN}};
       if (poll(p, 2, 200) <= 0 || !(p[0].revents & POLLIN)) continue;
-      Message m;
-      iovec iov{&m, sizeof m};
+      char buf[sizeof(Message)];
+      iovec iov{buf, sizeof buf};
       // Room for more descriptors than a request carries: every one that
       // arrives is accounted for (used or closed), whatever a sender put in.
       alignas(cmsghdr) char cbuf[CMSG_SPACE(kMaxReceivedFds * sizeof(int))];
@@ -539,19 +539,19 @@ struct Stager {
         }
       }
       counters[s_requests]++;
-      bool ok = n == sizeof m && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
-                m.magic == Message::kMessageMagic && m.generation == map.map().generation() &&
-                m.file < map.map().size();
-      if (ok && m.type == Request::kData && fds.size() == 2) {
+      Message m;
+      bool ok = decode_message(buf, size_t(n), mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC), fds.size(),
+                               map.map().generation(), map.map().size(), bool(jobwide), m);
+      if (ok && m.type == Request::kData) {
         copier->data(m.file, fds[0], fds[1]);  // takes both
         continue;
       }
-      if (ok && m.type == Request::kPeerRead && fds.size() == 1 && jobwide) {
+      if (ok && m.type == Request::kPeerRead) {
         jobwide->pass_on(m.file, m.off, m.len, fds[0]);  // takes it
         continue;
       }
       for (int fd : fds) close(fd);
-      if (!ok || !fds.empty()) {
+      if (!ok) {
         counters[s_ignored]++;
         continue;
       }
@@ -562,11 +562,8 @@ struct Stager {
         case Request::kStale:
           copier->stale(m.file);
           break;
-        case Request::kRelease:
+        default:  // kRelease
           copier->rescan();
-          break;
-        default:
-          counters[s_ignored]++;
       }
     }
   }

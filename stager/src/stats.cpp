@@ -43,11 +43,48 @@ int64_t unix_now() {
   return tv.tv_sec;
 }
 
+// The length of the valid UTF-8 sequence at s[i] (RFC 3629: no overlong
+// form, no surrogate, at most U+10FFFF), 0 when none starts there.
+size_t utf8_length(std::string_view s, size_t i) {
+  auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xc2 && c <= 0xdf   ? 2
+             : c >= 0xe0 && c <= 0xef ? 3
+             : c >= 0xf0 && c <= 0xf4 ? 4
+                                      : 0;
+  if (n == 0 || n > s.size() - i) return 0;
+  uint32_t cp = c & (0x7f >> n);
+  for (size_t k = 1; k < n; ++k) {
+    auto d = static_cast<unsigned char>(s[i + k]);
+    if ((d & 0xc0) != 0x80) return 0;
+    cp = cp << 6 | (d & 0x3f);
+  }
+  if (n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) return 0;
+  if (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) return 0;
+  return n;
+}
+
 }  // namespace
+
+std::string as_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    if (size_t n = utf8_length(s, i)) {
+      out.append(s.substr(i, n));
+      i += n;
+      continue;
+    }
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(s[i++]));
+    out += buf;
+  }
+  return out;
+}
 
 std::string json_string(std::string_view s) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (unsigned char c : as_utf8(s)) {
     if (c == '"' || c == '\\')
       out += '\\', out += char(c);
     else if (c < 0x20) {

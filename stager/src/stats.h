@@ -129,7 +129,12 @@ class Stats {
   std::vector<std::array<uint64_t, kMapTiers>> cached_;
 };
 
-// Minimal JSON string escaping.
+// `s` as Unicode text: each byte that is not part of valid UTF-8 (a path in
+// Latin-1, a command name a process set) as the four characters \xNN, as
+// shown() writes a control character. JSON holds only Unicode: the
+// statistics' reader refuses any other byte.
+std::string as_utf8(std::string_view s);
+// A JSON string of as_utf8(s), quoted and escaped.
 std::string json_string(std::string_view s);
 
 }  // namespace monarch
