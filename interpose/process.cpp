@@ -16,6 +16,7 @@
 #include <new>
 
 #include "client.h"
+#include "decimal.h"
 #include "fdtable.h"
 #include "handlers.h"
 #include "mappings.h"
@@ -90,9 +91,9 @@ void for_each_open_fd(Fn fn) {
     for (long at = 0; at < n;) {
       const char* name = buf + at + 19;  // linux_dirent64: ino 8, off 8, reclen 2, type 1
       at += *reinterpret_cast<const unsigned short*>(buf + at + 16);
-      char* end;
-      long fd = std::strtol(name, &end, 10);
-      if (name[0] >= '0' && name[0] <= '9' && !*end && fd != dir) fn(int(fd));
+      const char* end;
+      long fd = long(parse_decimal(name, &end, INT_MAX));
+      if (end != name && !*end && fd != dir) fn(int(fd));
     }
   }
   real::close(dir);
@@ -538,9 +539,9 @@ int magic_fd(const char* path) {
   } else if (std::strcmp(path, "/dev/stderr") == 0) {
     return 2;
   } else if (std::strncmp(path, "/proc/", 6) == 0) {
-    char* end;
-    long pid = std::strtol(path + 6, &end, 10);
-    if (pid != P.pid.load() || std::strncmp(end, "/fd/", 4) != 0) return -1;
+    const char* end;
+    long pid = long(parse_decimal(path + 6, &end, INT_MAX));
+    if (end == path + 6 || pid != P.pid.load() || std::strncmp(end, "/fd/", 4) != 0) return -1;
     n = end + 4;
   } else {
     return -1;

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "decimal.h"
 #include "handlers.h"
 
 namespace monarch {
@@ -60,11 +61,11 @@ bool parse_mount(char* line, Mount& m) {
   char* type = field(p);
   char* colon = std::strchr(dev, ':');
   if (!*type || !colon || !*root || !*point) return false;
-  char* end;
-  m.major = unsigned(std::strtoul(dev, &end, 10));
-  if (end != colon) return false;
-  m.minor = unsigned(std::strtoul(colon + 1, &end, 10));
-  if (*end) return false;
+  const char* end;
+  m.major = unsigned(parse_decimal(dev, &end, UINT_MAX));
+  if (end == dev || end != colon) return false;
+  m.minor = unsigned(parse_decimal(colon + 1, &end, UINT_MAX));
+  if (end == colon + 1 || *end) return false;
   m.root = std::string_view(root, unescape(root));
   m.point = std::string_view(point, unescape(point));
   m.type = std::string_view(type, unescape(type));

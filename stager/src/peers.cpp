@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -510,7 +511,9 @@ struct Engine : std::enable_shared_from_this<Engine> {
     return true;
   }
 
+  // init, run and shutdown run on the progress thread (Peers::start).
   bool init(const std::string& bind_address, uint16_t want_port, std::string& error);
+  std::string init_error;  // init's, read by Peers::start once init returned
   bool listen_on(const Address& address, std::string& error);
   void run();
   void shutdown();
@@ -1670,11 +1673,24 @@ std::unique_ptr<Peers> Peers::start(Options options, Handler handler, std::strin
     engine->allowed.insert(reinterpret_cast<sockaddr_in*>(&a.addr)->sin_addr.s_addr);
   }
   engine->hosts = std::move(options.hosts);
-  if (!engine->init(options.bind_address, options.port, error)) {
-    engine->shutdown();
+  // The worker is made with UCS_THREAD_MODE_SINGLE, so only the thread that
+  // made it may use it (a UCX built with assertions, as Debian 13's is,
+  // aborts the process otherwise): the progress thread makes it, runs it and
+  // destroys it; this thread waits for the first step's outcome.
+  std::promise<bool> made;
+  std::future<bool> ready = made.get_future();
+  engine->thread = std::thread([e = engine.get(), made = std::move(made),
+                                bind = options.bind_address, port = options.port]() mutable {
+    bool ok = e->init(bind, port, e->init_error);
+    made.set_value(ok);
+    if (ok) e->run();
+    e->shutdown();
+  });
+  if (!ready.get()) {
+    engine->thread.join();
+    error = engine->init_error;
     return nullptr;
   }
-  engine->thread = std::thread([e = engine.get()] { e->run(); });
   return std::unique_ptr<Peers>(new Peers(std::move(engine)));
 }
 
@@ -1685,8 +1701,7 @@ Peers::~Peers() {
   }
   uint64_t one = 1;
   (void)!write(engine_->wake_fd, &one, sizeof one);
-  engine_->thread.join();
-  engine_->shutdown();
+  engine_->thread.join();  // which shut the engine down
 }
 
 uint16_t Peers::port() const {

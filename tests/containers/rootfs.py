@@ -18,7 +18,9 @@ import time
 SUITES = ("bullseye", "bookworm")
 INCLUDE = "python3"
 CACHE = os.environ.get("MONARCH_ROOTFS_CACHE", "/var/cache/monarch-tests/rootfs")
-SOURCES = "/etc/apt/sources.list.d/debian.sources"
+# Where apt here finds its mirror: Debian 12's deb822 file, or the one-line
+# list debootstrap writes (a Debian 13 root made by contrib/check-slurm-24.11).
+SOURCES = ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list")
 
 
 def path(suite):
@@ -26,12 +28,17 @@ def path(suite):
 
 
 def mirror():
-    """The first URIs of the deb822 sources apt uses here (Debian 12's format)."""
-    with open(SOURCES) as f:
-        m = re.search(r"^URIs:\s*(\S+)", f.read(), re.M)
-    if not m:
-        sys.exit(f"rootfs: no URIs line in {SOURCES}: cannot tell which Debian mirror to use")
-    return m.group(1)
+    """The first Debian mirror apt uses here."""
+    for name in SOURCES:
+        try:
+            with open(name) as f:
+                text = f.read()
+        except FileNotFoundError:
+            continue
+        m = re.search(r"^URIs:\s*(\S+)|^deb\s+(?:\[[^]]*\]\s+)?(\S+)", text, re.M)
+        if m:
+            return m.group(1) or m.group(2)
+    sys.exit(f"rootfs: no mirror in {' or '.join(SOURCES)}: cannot tell which Debian mirror to use")
 
 
 def make(suite):

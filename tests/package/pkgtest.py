@@ -78,6 +78,16 @@ def offline_sbatch(plugstack_lines, args, script=None):
         return run(["sbatch", *args], env=env, input=script or "", timeout=120)
 
 
+def slurm_release():
+    """This Slurm's (major, minor), from its sbatch ("slurm-wlm 22.05.8"):
+    with a configuration, which Slurm 24.11's asks for even for --version."""
+    p = offline_sbatch([], ["--version"])
+    m = re.search(r"(\d+)\.(\d+)\.\d+", p.stdout)
+    if p.returncode != 0 or not m:
+        raise AssertionError(f"sbatch --version exited {p.returncode}: {p.stdout} {p.stderr}")
+    return int(m.group(1)), int(m.group(2))
+
+
 def sbatch_help(plugstack_lines):
     """(stdout, stderr) of `sbatch --help` loading these plugstack lines
     (see offline_sbatch)."""

@@ -4,24 +4,16 @@ one log line and does nothing more; the plugin built for this release says
 nothing. Slurm's own sbatch loads both (`sbatch --help`, which contacts no
 controller). Usage: test_slurm_release.py PLUGIN FOREIGN_PLUGIN, FOREIGN
 built claiming the next major release (tests/package/CMakeLists.txt)."""
-import re
 import sys
 import unittest
 
-from pkgtest import monarch_lines, offline_sbatch, run, sbatch_help
+from pkgtest import monarch_lines, offline_sbatch, sbatch_help, slurm_release
 
 SCRIPT = "#!/bin/sh\ntrue\n"
 REFUSED = "sbatch: error: monarch: --monarch-dataset=/nonexistent: no such directory"
 UNREACHABLE = "Unable to contact slurm controller"
 
 PLUGIN, FOREIGN = sys.argv[1], sys.argv[2]
-
-
-def running_release():
-    """This Slurm's major.minor, from `sbatch --version` ("slurm-wlm 22.05.8")."""
-    out = run(["sbatch", "--version"], check=True).stdout
-    major, minor = re.search(r"(\d+)\.(\d+)\.\d+", out).groups()
-    return int(major), int(minor)
 
 
 class Release(unittest.TestCase):
@@ -38,7 +30,7 @@ class Release(unittest.TestCase):
         self.assertNotIn(UNREACHABLE, p.stderr)
 
     def test_a_plugin_of_another_release_says_so_once_and_stays_off(self):
-        major, minor = running_release()
+        major, minor = slurm_release()
         running, built = f"{major}.{minor:02d}", f"{major + 1}.{minor:02d}"
         out, err = sbatch_help([f"required {FOREIGN}"])
         self.assertEqual(monarch_lines(err), [

@@ -315,6 +315,29 @@ def wait_running(job, timeout=30):
 
 # ---- what Monarch leaves behind ----
 
+def executable(pid):
+    """The program process `pid` runs, without " (deleted)". A process of
+    another mount namespace whose root directory is not ours (a namespaced
+    node of the cluster inside contrib/check-slurm-24.11's chroot) shows its
+    executable by its path from the host's root: an installed Monarch
+    program is then named by its path here when it is the same file."""
+    exe = os.readlink(f"/proc/{pid}/exe").replace(" (deleted)", "")
+    if exe in PROGRAMS:
+        return exe
+    try:
+        running = os.stat(f"/proc/{pid}/exe")
+    except OSError:
+        return exe
+    for program in PROGRAMS:
+        try:
+            installed = os.stat(program)
+        except OSError:
+            continue
+        if (installed.st_dev, installed.st_ino) == (running.st_dev, running.st_ino):
+            return program
+    return exe
+
+
 def processes():
     """Every live (not zombie) process: (pid, exe without " (deleted)",
     status text, argv as bytes)."""
@@ -322,7 +345,7 @@ def processes():
         if not name.isdigit():
             continue
         try:
-            exe = os.readlink(f"/proc/{name}/exe").replace(" (deleted)", "")
+            exe = executable(name)
             with open(f"/proc/{name}/status") as f:
                 status = f.read()
             with open(f"/proc/{name}/cmdline", "rb") as f:
@@ -421,13 +444,13 @@ def stagers(job=None):
                 status = f.read()
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 argv = [a.decode() for a in f.read().split(b"\0") if a]
-            exe = os.readlink(f"/proc/{name}/exe")
+            exe = executable(name)
             with open(f"/proc/{name}/stat") as f:
                 ppid, pgid, sid = (int(x) for x in f.read().rsplit(")", 1)[1].split()[1:4])
             stdio = [os.readlink(f"/proc/{name}/fd/{fd}") for fd in (0, 1, 2)]
         except (OSError, ValueError):
             continue
-        if "\nState:\tZ" in status or exe.replace(" (deleted)", "") != STAGER:
+        if "\nState:\tZ" in status or exe != STAGER:
             continue
         if job is not None and f"job{job}" not in argv:
             continue

@@ -70,7 +70,9 @@ class Flood(jw.JobWideCase):
             self.assertIsNotNone(first, "the first node's stager")
             # Its front door: a port of peer_ports (7400-7899 here), below
             # the ephemeral ports UCX's own listener takes.
-            # It listens on its node's address, which the flood comes from.
+            # It listens on its node's address, which the flood comes from;
+            # a stager that runs has not always opened it yet.
+            st.wait_for(lambda: listening(first), 60, "the first node's stager to listen")
             port, address = listening(first)[0]
             port = str(port)
             before = rss(first)
