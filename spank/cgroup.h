@@ -37,10 +37,7 @@ CgroupVersion cgroup_version(const std::string& dir);
 // The job's own cgroup directories ("<mount>/<path>/job_<ID>") named by
 // `proc_cgroup` (the text of /proc/self/cgroup: "ID:CONTROLLERS:PATH" lines)
 // in the cgroup file systems `mountinfo` (the text of /proc/self/mountinfo)
-// mounts at or below /sys/fs/cgroup/, one per hierarchy where the caller is
-// in the job's cgroup; and, in the other v1 hierarchies of controllers, the
-// path the job has in the first (Slurm 23.02 and later keep slurmstepd out
-// of the job's memory cgroup): candidates, which may not exist.
+// mounts below /sys/fs/cgroup/. One per hierarchy where the job has one.
 std::vector<std::string> job_cgroup_dirs(uint32_t job_id, const std::string& proc_cgroup,
                                          const std::string& mountinfo);
 

@@ -58,28 +58,11 @@ TEST(CgroupParse, FindsTheJobInEveryHierarchyWhereItHasOne) {
       "3:cpuset:/slurm/uid_1000/job_42/step_0\n"
       "2:cpu,cpuacct:/\n"  // no job cgroup in this one
       "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n";
-  EXPECT_EQ(job_cgroup_dirs(42, cgroup, kMountinfo),
-            (std::vector<std::string>{"/sys/fs/cgroup/memory/slurm/uid_1000/job_42",
-                                      "/sys/fs/cgroup/cpuset/slurm/uid_1000/job_42",
-                                      "/sys/fs/cgroup/unified/system.slice/slurmstepd.scope/job_42",
-                                      // a candidate: the job's v1 path, where it may exist
-                                      "/sys/fs/cgroup/cpu,cpuacct/slurm/uid_1000/job_42"}));
-}
-
-// Slurm 23.02 and later keep slurmstepd out of the job's v1 memory cgroup:
-// the job's path in the other v1 hierarchies names it there.
-TEST(CgroupParse, TheJobsMemoryCgroupIsFoundWhereSlurmstepdIsNotInIt) {
-  std::string cgroup =
-      "4:memory:/system\n"
-      "3:cpuset:/slurm_vm/uid_1000/job_42/step_0\n"
-      "2:cpu,cpuacct:/\n";
-  std::string mountinfo =
-      std::string(kMountinfo) +
-      "40 31 0:37 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd\n";
-  EXPECT_EQ(job_cgroup_dirs(42, cgroup, mountinfo),
-            (std::vector<std::string>{"/sys/fs/cgroup/cpuset/slurm_vm/uid_1000/job_42",
-                                      "/sys/fs/cgroup/memory/slurm_vm/uid_1000/job_42",
-                                      "/sys/fs/cgroup/cpu,cpuacct/slurm_vm/uid_1000/job_42"}));
+  EXPECT_EQ(
+      job_cgroup_dirs(42, cgroup, kMountinfo),
+      (std::vector<std::string>{"/sys/fs/cgroup/memory/slurm/uid_1000/job_42",
+                                "/sys/fs/cgroup/cpuset/slurm/uid_1000/job_42",
+                                "/sys/fs/cgroup/unified/system.slice/slurmstepd.scope/job_42"}));
 }
 
 TEST(CgroupParse, AnotherJobWhoseIdStartsTheSameIsNotThisJob) {
@@ -215,8 +198,8 @@ class CgroupReal : public ::testing::Test {
     pid_t stepd = fork();
     if (stepd == 0) {
       close(p[0]);
-      for (size_t i = 0; i < steps_.size(); i++)
-        if (found_[i].controller != skip_ && !put(steps_[i] + "/cgroup.procs", "0")) _exit(3);
+      for (const std::string& step : steps_)
+        if (!put(step + "/cgroup.procs", "0")) _exit(3);
       std::vector<CgroupJoin> leaves = job_cgroup_leaves(job_);
       std::string text;
       for (const CgroupJoin& j : leaves)
@@ -282,12 +265,9 @@ class CgroupReal : public ::testing::Test {
   std::vector<std::string> made_, steps_;
   std::map<std::string, std::string> jobs_;  // mount -> job dir
   std::vector<pid_t> stager_;
-  std::string skip_ = "-";  // a v1 controller whose step the "slurmstepd" does not join
-
-  void stager_lives_in_the_leaf_and_dies_with_it();
 };
 
-void CgroupReal::stager_lives_in_the_leaf_and_dies_with_it() {
+TEST_F(CgroupReal, TheStagerRunsInTheJobsLeafAndDiesWithIt) {
   std::vector<CgroupJoin> leaves = start_stager();
   ASSERT_EQ(stager_.size(), 1u);
   ASSERT_EQ(leaves.size(), found_.size()) << "a leaf in each hierarchy where the job has a cgroup";
@@ -347,23 +327,6 @@ void CgroupReal::stager_lives_in_the_leaf_and_dies_with_it() {
     // v1: the user's cgroup "uid_0" went with it; v2: slurmstepd.scope stays.
     EXPECT_EQ(access(above.c_str(), F_OK) == 0, h.version == CgroupVersion::kV2) << above;
   }
-}
-
-TEST_F(CgroupReal, TheStagerRunsInTheJobsLeafAndDiesWithIt) {
-  stager_lives_in_the_leaf_and_dies_with_it();
-}
-
-// As Slurm 23.02 and later run a step: slurmstepd in the job's cgroups but
-// the memory one, which exists.
-TEST_F(CgroupReal, TheStagerJoinsTheJobsMemoryCgroupThatSlurmstepdIsNotIn) {
-  auto v1 = [&](const std::string& c) {
-    return std::any_of(found_.begin(), found_.end(), [&](const Hierarchy& h) {
-      return h.version == CgroupVersion::kV1 && h.controller == c;
-    });
-  };
-  if (!v1("memory") || !v1("cpuset")) GTEST_SKIP() << "no v1 memory and cpuset hierarchies here";
-  skip_ = "memory";
-  stager_lives_in_the_leaf_and_dies_with_it();
 }
 
 TEST_F(CgroupReal, AnEmptyLeafIsRemovedAndNothingElse) {
