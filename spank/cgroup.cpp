@@ -277,4 +277,9 @@ RemovedCgroups remove_job_cgroups(const std::vector<std::string>& leaves, unsign
   return out;
 }
 
+std::string left_leaf_text(const std::string& leaf, unsigned timeout_s) {
+  return leaf + " still has processes " + std::to_string(timeout_s) +
+         " s after they were killed; the cgroup is left";
+}
+
 }  // namespace monarch::spank

@@ -81,4 +81,10 @@ struct RemovedCgroups {
 // whose last component is the leaf's name are touched.
 RemovedCgroups remove_job_cgroups(const std::vector<std::string>& leaves, unsigned timeout_s);
 
+// The seconds the job's end and the sweep give a stale job's leaves to empty.
+inline constexpr unsigned kCgroupTimeout = 5;
+
+// The log line for a leaf remove_job_cgroups left (RemovedCgroups::left).
+std::string left_leaf_text(const std::string& leaf, unsigned timeout_s);
+
 }  // namespace monarch::spank

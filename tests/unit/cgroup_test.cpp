@@ -34,6 +34,16 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
+// What a pipe's writers wrote, to its end (a child writes in pieces); closes it.
+std::string read_all(int fd) {
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) text.append(buf, size_t(n));
+  close(fd);
+  return text;
+}
+
 bool put(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
@@ -107,6 +117,9 @@ struct Hierarchy {
   std::string controller;  // v1: the one controller it was found by; v2: ""
 };
 
+// Read here, not with the parser under test: a mount that parser missed
+// then fails a test instead of leaving it fewer hierarchies to try (a v2
+// mounted at /sys/fs/cgroup itself was such a mount).
 // The hierarchies to try: v1 memory, cpuset and freezer (proctrack/cgroup's)
 // where this machine mounts them, and the v2 unified hierarchy (below /sys/fs/cgroup/ or at it).
 std::vector<Hierarchy> hierarchies() {
@@ -213,18 +226,14 @@ class CgroupReal : public ::testing::Test {
         _exit(127);
       }
       close(err[1]);
-      char why[256] = {};
-      if (read(err[0], why, sizeof why - 1) > 0) text += std::string("error ") + why;
+      std::string why = read_all(err[0]);
+      if (!why.empty()) text += "error " + why;
       text += "stager " + std::to_string(stager) + "\n";
       (void)!write(p[1], text.data(), text.size());
       _exit(0);
     }
     close(p[1]);
-    std::string text;
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(p[0], buf, sizeof buf)) > 0) text.append(buf, size_t(n));
-    close(p[0]);
+    std::string text = read_all(p[0]);
     int status = 0;
     EXPECT_EQ(waitpid(stepd, &status, 0), stepd);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
@@ -399,11 +408,7 @@ TEST_F(CgroupReal, ALeafTheUserMadeFirstIsNotJoined) {
     _exit(127);
   }
   close(err[1]);
-  std::string why;  // written in pieces: read to the end
-  char buf[256];
-  ssize_t n;
-  while ((n = read(err[0], buf, sizeof buf)) > 0) why.append(buf, size_t(n));
-  close(err[0]);
+  std::string why = read_all(err[0]);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 126) << status;
