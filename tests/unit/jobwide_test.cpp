@@ -293,6 +293,27 @@ TEST_F(JobWideTest, AReplicaWaitsWhileTheHomeIsAway) {
   EXPECT_EQ(a->counters[s_peers_failed].load(), 0u);
 }
 
+// The first node's stager starts with the batch step, its replica passes
+// find the other nodes not up until the job's first srun reaches them, maybe
+// much later: that starts no clock for readers. A reader's copy asked once
+// the node is up reads from it, never the PFS.
+TEST_F(JobWideTest, ReplicasOfANodeNotUpYetLeaveItsReadersWaitAlone) {
+  b.reset();  // node 1 never answered node 0
+  auto start = Clock::now();
+  while (ms_since(start) < long((JobWide::kNotUpWaitNs + 2 * JobWide::kNotUpRetryNs) / 1'000'000)) {
+    if (!a->jw->resting(1)) {
+      EXPECT_EQ(settled(true), Got::kNotYet);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  while (a->jw->resting(1)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(settled(true), Got::kNotYet);
+  EXPECT_TRUE(a->jw->resting(1)) << "a replica pass asks a node not up again at once";
+  b = start_b();
+  EXPECT_EQ(fetch(10000), Got::kBytes) << "a reader's copy went to the PFS";
+  EXPECT_EQ(a->counters[s_peers_failed].load(), 0u);
+}
+
 // What holds the job's port on its first node's address before the job's
 // stager there starts.
 enum class Stranger {
