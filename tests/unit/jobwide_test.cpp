@@ -623,11 +623,12 @@ TEST_F(ElectionTest, ARelayThatDiesMidwayIsLeftAndTheRestComesFromItsParent) {
   bool final = false;
   std::unique_ptr<JobWide> node = caller(3, counters, error);
   ASSERT_TRUE(node) << error;
-  // A few pieces from node 1 (its parent), far from all of them.
+  // Some pieces from node 1 (its parent), not all of them (a loaded machine
+  // may take longer than the 20 ms of a fetch before the first arrive).
   while (counters[s_index_bytes_in].load() == 0)
     ASSERT_FALSE(node->fetch_index(20, why, final)) << "the whole index in 20 ms";
   uint64_t midway = counters[s_index_bytes_in].load();
-  ASSERT_LT(midway, walked.size() / 2);
+  ASSERT_LT(midway, walked.size()) << "the whole index before node 1 went away";
   EXPECT_EQ(counters[s_index_source].load(), 2u) << "not from node 1";
   nodes[1].reset();
   std::optional<IndexFile> wire = node->fetch_index(kIndexWaitMs, why, final);
