@@ -70,7 +70,11 @@ void prepare_space(const Tier& tier, const JobRecord& want, const User& user) {
       throw TierError(path +
                       " is not as Monarch made it (something is mounted on it, or it "
                       "was replaced)");
-    // Of an earlier run of this job id (a requeue, a crash), or damaged.
+    // Of an earlier run of this job id (a requeue, a crash), or damaged;
+    // never while a step of that run still holds it (a stuck slurmstepd on a
+    // node that shares the tiers): its end or a later sweep releases it.
+    if (record_held(tier.jobs.get(), want.key))
+      throw TierError(path + " is still held by an earlier run of this job id");
     Release r = release_space(tier, *had);
     if (!r.problem.empty())
       throw TierError("an earlier " + path + " could not be removed: " + r.problem);

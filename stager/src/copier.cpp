@@ -469,7 +469,11 @@ bool Copier::next_replica(Job& job) {
     return false;
   if (replicas_.current() < 0) {
     if (!replicas_deferred_ || monotonic_ns() - replicas_pass_ns_ < kReplicaPassNs) return false;
-    replicas_.rewind(), replicas_deferred_ = false, replicas_pass_ns_ = monotonic_ns();
+    replicas_pass_ns_ = monotonic_ns();
+    // No pass over every file while no home may be asked (the job's other
+    // nodes not up yet, maybe for as long as its batch step runs alone).
+    if (opt_.peers->all_resting()) return false;
+    replicas_.rewind(), replicas_deferred_ = false;
   }
   for (int64_t id; (id = replicas_.current()) >= 0;) {
     replicas_.advance();

@@ -56,6 +56,9 @@ class PeerSource {
   // yet, or its connection broke): read() would answer at once without
   // asking it.
   virtual bool resting(int node) = 0;
+  // Whether every other node still counted on is resting: a replica pass
+  // would ask none of them.
+  virtual bool all_resting() = 0;
 };
 
 struct CopierOptions {

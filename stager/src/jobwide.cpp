@@ -642,6 +642,12 @@ bool JobWide::resting(int node) {
   return peers_[node].down_until.load() > now || peers_[node].replicas_after.load() > now;
 }
 
+bool JobWide::all_resting() {
+  for (int n = 0; n < int(opt_.nodes.size()); ++n)
+    if (n != opt_.self && !peers_[n].failed.load() && !resting(n)) return false;
+  return true;
+}
+
 PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, size_t len,
                               bool replica, size_t& n) {
   n = 0;

@@ -171,6 +171,7 @@ class JobWide : public PeerSource {
   Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, bool replica,
            size_t& n) override;
   bool resting(int node) override;
+  bool all_resting() override;
 
   // A node before this one that answers nothing for this long (or the peer
   // timeout, if longer) is out for the index. A live stager answers an index
