@@ -237,15 +237,28 @@ struct Raw {
     return ucp_ep_create(worker, &params, &ep) == UCS_OK ? ep : nullptr;
   }
 
-  // Sends and forgets (UCX frees the request once done).
+  // Sends and forgets. UCX reads the header and the payload until the send
+  // completes, which may be long after this returns (a send before the
+  // endpoint is wired up waits for it): the header, small and often on the
+  // caller's stack, is copied and freed on completion; the payload is the
+  // caller's to keep (static, or held as long as the sends may run).
+  static void on_sent(void* request, ucs_status_t, void* header) {
+    delete[] static_cast<char*>(header);
+    ucp_request_free(request);
+  }
   void send(ucp_ep_h ep, unsigned id, const void* header, size_t header_length, const void* payload,
             size_t length, uint32_t flags = 0) {
+    char* copy = new char[header_length];
+    std::memcpy(copy, header, header_length);
     ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.flags = flags;
+    param.cb.send = on_sent;
+    param.user_data = copy;
     ucs_status_ptr_t request =
-        ucp_am_send_nbx(ep, id, header, header_length, payload, length, &param);
-    if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+        ucp_am_send_nbx(ep, id, copy, header_length, payload, length, &param);
+    if (!UCS_PTR_IS_PTR(request)) delete[] copy;
   }
 
   void progress_for(int ms) {
@@ -378,8 +391,7 @@ struct Raw {
       if (!first) first = ep;
       if (ep == first) return;
       static const char again[] = "again";
-      static wire::AnswerHeader a;  // UCX reads it until the send completes
-      a = {wire::kMagic, wire::kAnswerOk, h.session, h.call, {}};
+      wire::AnswerHeader a{wire::kMagic, wire::kAnswerOk, h.session, h.call, {}};
       wire::answer_mac(key, nonce, h.seq, h.call, wire::kAnswerOk, again, a.mac);
       send(ep, wire::kAnswerAm, &a, sizeof a, again, 5);
     });
@@ -527,7 +539,7 @@ struct Raw {
                UCP_AM_SEND_FLAG_EAGER);
           break;
         case 2: {
-          char junk[40];
+          static char junk[40];  // the payload, read until its send completes
           for (char& c : junk) c = char(sent * 31 + 7);
           send(ep, unsigned(sent % 4), junk, sizeof junk, junk, sizeof junk);
           break;
