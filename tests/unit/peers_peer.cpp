@@ -64,6 +64,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -160,6 +161,14 @@ struct Raw {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   std::string address;  // our worker's
+
+  // The worker frees the endpoints closed on it (the modes that end; the
+  // others are killed).
+  ~Raw() {
+    if (worker) ucp_worker_destroy(worker);
+    if (context) ucp_cleanup(context);
+  }
+
   struct Message {
     unsigned id;
     std::string header, payload;
@@ -259,6 +268,18 @@ struct Raw {
     ucs_status_ptr_t request =
         ucp_am_send_nbx(ep, id, copy, header_length, payload, length, &param);
     if (!UCS_PTR_IS_PTR(request)) delete[] copy;
+  }
+
+  // Closes an endpoint at once (its peer may be gone; its sends fail) and
+  // frees it.
+  void close_ep(ucp_ep_h ep) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+    if (!UCS_PTR_IS_PTR(request)) return;
+    while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker);
+    ucp_request_free(request);
   }
 
   void progress_for(int ms) {
@@ -551,11 +572,14 @@ struct Raw {
       for (int i = 0; i < 100 && ucp_worker_progress(worker); ++i) {
       }
       if (!broken.empty()) {
+        for (ucp_ep_h b : broken) close_ep(b);
+        if (std::find(broken.begin(), broken.end(), ep) == broken.end()) close_ep(ep);
         broken.clear();
         ep = connect_to(target);
       }
       usleep(2000);
     }
+    if (ep) close_ep(ep);
     fprintf(stderr, "flood: %llu UCX messages sent\n", (unsigned long long)sent);
   }
 };
