@@ -34,6 +34,7 @@ TEST_USER = "monarchtest"
 # front of what a test preloads itself. Programs that cannot run under the
 # runtime (Chromium) get UNSANITIZED_ENV.
 PRELOAD_FIRST = [p for p in os.environ.get("MONARCH_TEST_PRELOAD", "").split(":") if p]
+SANITIZED = bool(PRELOAD_FIRST)
 UNSANITIZED_ENV = dict(os.environ)
 if PRELOAD_FIRST:
     os.environ["LD_PRELOAD"] = ":".join(PRELOAD_FIRST)
