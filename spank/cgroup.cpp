@@ -150,8 +150,6 @@ std::vector<std::string> job_cgroup_dirs(uint32_t job_id, const std::string& pro
                                          const std::string& mountinfo) {
   std::vector<std::string> dirs;
   std::vector<CgroupMount> mounts = cgroup_mounts(mountinfo);
-  std::set<const CgroupMount*> found;
-  std::string v1_job;  // the job's path in a v1 hierarchy, from its root
   std::string component = "/job_" + std::to_string(job_id);
   std::istringstream in(proc_cgroup);
   std::string line;
@@ -164,31 +162,15 @@ std::vector<std::string> job_cgroup_dirs(uint32_t job_id, const std::string& pro
     while (at != std::string::npos && at + component.size() < path.size() &&
            path[at + component.size()] != '/')
       at = path.find(component, at + 1);
-    if (at == std::string::npos) continue;  // the caller is not in the job's cgroup here
+    if (at == std::string::npos) continue;  // the job has no cgroup in this hierarchy
     const CgroupMount* m = mount_of(mounts, id, controllers);
     if (!m) continue;
     std::string job = path.substr(0, at + component.size());
-    if (!m->v2 && v1_job.empty()) v1_job = job;
     if (m->root != "/") {
       if (job != m->root && !job.starts_with(m->root + "/")) continue;  // outside the mount
       job = job.substr(m->root.size());
     }
     dirs.push_back(m->point + job);
-    found.insert(m);
-  }
-  // Slurm's cgroup/v1 gives a job the same path in every hierarchy it uses,
-  // but since 23.02 leaves slurmstepd out of the job's memory cgroup: in a
-  // v1 hierarchy of controllers where the caller is not in the job, the
-  // job's cgroup is that path, where it exists (the caller checks).
-  for (const CgroupMount& m : mounts) {
-    if (m.v2 || found.count(&m) || v1_job.empty()) continue;
-    bool named = std::any_of(m.options.begin(), m.options.end(),
-                             [](const std::string& o) { return o.starts_with("name="); });
-    if (named) continue;
-    if (m.root == "/")
-      dirs.push_back(m.point + v1_job);
-    else if (v1_job.starts_with(m.root + "/"))
-      dirs.push_back(m.point + v1_job.substr(m.root.size()));
   }
   return dirs;
 }
@@ -293,6 +275,11 @@ RemovedCgroups remove_job_cgroups(const std::vector<std::string>& leaves, unsign
     }
   }
   return out;
+}
+
+std::string left_leaf_text(const std::string& leaf, unsigned timeout_s) {
+  return leaf + " still has processes " + std::to_string(timeout_s) +
+         " s after they were killed; the cgroup is left";
 }
 
 }  // namespace monarch::spank

@@ -37,10 +37,7 @@ CgroupVersion cgroup_version(const std::string& dir);
 // The job's own cgroup directories ("<mount>/<path>/job_<ID>") named by
 // `proc_cgroup` (the text of /proc/self/cgroup: "ID:CONTROLLERS:PATH" lines)
 // in the cgroup file systems `mountinfo` (the text of /proc/self/mountinfo)
-// mounts at or below /sys/fs/cgroup/, one per hierarchy where the caller is
-// in the job's cgroup; and, in the other v1 hierarchies of controllers, the
-// path the job has in the first (Slurm 23.02 and later keep slurmstepd out
-// of the job's memory cgroup): candidates, which may not exist.
+// mounts below /sys/fs/cgroup/. One per hierarchy where the job has one.
 std::vector<std::string> job_cgroup_dirs(uint32_t job_id, const std::string& proc_cgroup,
                                          const std::string& mountinfo);
 
@@ -83,5 +80,11 @@ struct RemovedCgroups {
 // remove them while the leaf was there). Only paths below /sys/fs/cgroup/
 // whose last component is the leaf's name are touched.
 RemovedCgroups remove_job_cgroups(const std::vector<std::string>& leaves, unsigned timeout_s);
+
+// The seconds the job's end and the sweep give a stale job's leaves to empty.
+inline constexpr unsigned kCgroupTimeout = 5;
+
+// The log line for a leaf remove_job_cgroups left (RemovedCgroups::left).
+std::string left_leaf_text(const std::string& leaf, unsigned timeout_s);
 
 }  // namespace monarch::spank

@@ -41,7 +41,6 @@ constexpr unsigned kReportTimeout = 20;
 constexpr rlim_t kReportMemory = rlim_t(2) << 30;
 constexpr rlim_t kReportFileSize = rlim_t(256) << 20;
 constexpr rlim_t kReportFiles = 64;
-constexpr unsigned kCgroupTimeout = 5;
 
 struct JobEnd {
   uint32_t job = 0;
@@ -162,8 +161,7 @@ void end_cgroups(const JobEnd& end) {
     log_info(end.key + ": killed " + std::to_string(removed.killed) +
              " process(es) left in the job's Monarch cgroup");
   for (const std::string& leaf : removed.left)
-    log_error(end.key + ": " + leaf + " still has processes " + std::to_string(kCgroupTimeout) +
-              " s after they were killed; the cgroup is left");
+    log_error(end.key + ": " + left_leaf_text(leaf, kCgroupTimeout));
 }
 
 void release_spaces(JobEnd& end) {

@@ -58,6 +58,11 @@ struct State {
   // Remote context, from init_post_opt to the later hooks:
   std::optional<StepPlan> plan;
   std::string disabled;  // why this step runs without Monarch ("" when it does)
+  // The job's record on every tier, held (record.h) from the moment the
+  // step made or found the job's space until slurmstepd exits: a sweep by
+  // another job's end on this node leaves a job alone while any of its steps
+  // lives here, whatever the step's process title says yet.
+  std::vector<Fd> held;
 };
 
 State& state();

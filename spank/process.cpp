@@ -108,35 +108,43 @@ bool become(const User& u) {
   return true;
 }
 
-bool write_file(const char* path, const char* text, size_t size, int flags) {
-  int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | flags, 0600);
+// `path` relative to the directory `at` (AT_FDCWD: the working directory).
+bool write_file(int at, const char* path, const char* text, size_t size, int flags) {
+  int fd = openat(at, path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | flags, 0600);
   if (fd < 0) return false;
   bool ok = write(fd, text, size) == ssize_t(size);
   return close(fd) == 0 && ok;
 }
 
-bool copy_file(const char* from, const char* to) {
+bool copy_file(const char* from, int at, const char* to) {
   char buf[4096];
   int fd = open(from, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   ssize_t n = read(fd, buf, sizeof buf);
   close(fd);
-  return n > 0 && write_file(to, buf, size_t(n), 0);
+  return n > 0 && write_file(at, to, buf, size_t(n), 0);
 }
+
+// A cgroup the child joins: its directory, and the files copied into it
+// first (from a path, to a name in it).
+struct PreparedLeaf {
+  std::string dir;
+  std::vector<std::pair<std::string, std::string>> copies;
+};
 
 // What the child does, as strings made before fork.
 struct Prepared {
-  std::vector<std::string> dirs, procs;                     // cgroup dirs and their cgroup.procs
-  std::vector<std::pair<std::string, std::string>> copies;  // cgroup files copied first
-  std::string record;                                       // the dirs, one a line
+  std::vector<PreparedLeaf> leaves;
+  std::string record;  // the dirs, one a line
 };
 
 Prepared prepare(const ChildSetup& s) {
   Prepared p;
   for (const CgroupJoin& j : s.cgroups) {
-    p.dirs.push_back(j.dir);
-    p.procs.push_back(j.dir + "/cgroup.procs");
-    p.copies.insert(p.copies.end(), j.copy.begin(), j.copy.end());
+    PreparedLeaf leaf{.dir = j.dir};
+    for (const auto& [from, to] : j.copy)
+      leaf.copies.emplace_back(from, to.substr(to.rfind('/') + 1));
+    p.leaves.push_back(std::move(leaf));
     p.record += j.dir + "\n";
   }
   return p;
@@ -150,22 +158,28 @@ void set_up_child(const ChildSetup& s, const Prepared& p, int err) {
     fail(err, "cannot take back root to set the child up");
   reset_signals();
   setsid();
-  write_file("/proc/self/oom_score_adj", "0", 1, 0);  // slurmstepd's is -1000
-  // A leaf that exists must be root's (made by an earlier step or the
-  // stager's start): Slurm's v1 plugins give the user the job's cgroup, so
-  // the user could have made one first and owned its files.
-  for (const std::string& dir : p.dirs) {
+  write_file(AT_FDCWD, "/proc/self/oom_score_adj", "0", 1, 0);  // slurmstepd's is -1000
+  // The leaf is held open from its check to the join: Slurm's v1 plugins
+  // give the user the job's cgroup, where the user could have made the leaf
+  // first (and own its files) or swap root's empty leaf for one of theirs
+  // after the check. A swapped leaf has no cgroup.procs under this
+  // descriptor, so the join fails and the job runs without Monarch.
+  for (const PreparedLeaf& leaf : p.leaves) {
+    if (mkdir(leaf.dir.c_str(), 0755) != 0 && errno != EEXIST)
+      fail(err, "cannot make the job's Monarch cgroup");
+    int dir = open(leaf.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
-    if (mkdir(dir.c_str(), 0755) != 0 &&
-        (errno != EEXIST || lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0))
+    if (dir < 0 || fstat(dir, &st) != 0 || st.st_uid != 0)
       fail(err, "cannot make the job's Monarch cgroup (or it exists and is not root's)");
+    for (const auto& [from, to] : leaf.copies)
+      if (!copy_file(from.c_str(), dir, to.c_str()))
+        fail(err, "cannot set the job's Monarch cpuset");
+    if (!write_file(dir, "cgroup.procs", "0", 1, 0)) fail(err, "cannot join the job's cgroup");
+    close(dir);
   }
-  for (const auto& [from, to] : p.copies)
-    if (!copy_file(from.c_str(), to.c_str())) fail(err, "cannot set the job's Monarch cpuset");
-  for (const std::string& procs : p.procs)
-    if (!write_file(procs.c_str(), "0", 1, 0)) fail(err, "cannot join the job's cgroup");
   if (!s.cgroup_record.empty() && !p.record.empty() &&
-      !write_file(s.cgroup_record.c_str(), p.record.data(), p.record.size(), O_CREAT | O_TRUNC))
+      !write_file(AT_FDCWD, s.cgroup_record.c_str(), p.record.data(), p.record.size(),
+                  O_CREAT | O_TRUNC))
     fail(err, "cannot record the job's Monarch cgroup");
   for (const Limit& l : s.limits) {
     struct rlimit r = {l.soft, l.hard};

@@ -56,10 +56,12 @@ JobRecord parse_record(const std::string& key, std::string_view text);
 // The keys of every record, at most `limit` of them.
 std::vector<std::string> record_keys(int jobs_fd, size_t limit);
 
-// The job's end holds its record (a shared lock on the file) from before it
-// stops the stager until its space is released: a sweep run meanwhile by
-// another job's end (several slurmd on one machine share the tiers) leaves
-// the record to it. Fd(-1) when there is no record.
+// A shared lock on the job's record, which a sweep run by another job's end
+// on the node (or by another slurmd sharing the tiers) takes for "the job is
+// here": every step's slurmstepd holds it from making or finding the job's
+// space until it exits, and the job's end from before it stops the stager
+// until its space is released. The kernel drops it with its last holder.
+// Fd(-1) when there is no record.
 Fd hold_record(int jobs_fd, const std::string& key);
 // Whether a job's end holds the record of `key` now.
 bool record_held(int jobs_fd, const std::string& key);

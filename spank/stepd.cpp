@@ -210,6 +210,7 @@ void prepare_tiers(const StepPlan& plan) {
     Tier tier = open_tier(tc, /*create=*/true);
     TierLock lock(tier, plan.config.start_timeout_s + 10);
     prepare_space(tier, plan.record, plan.user);
+    state().held.push_back(hold_record(tier.jobs.get(), plan.key));  // under the tier's lock
   }
 }
 

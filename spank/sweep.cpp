@@ -14,7 +14,6 @@ namespace monarch::spank {
 namespace {
 
 constexpr size_t kMaxRecords = 100000;  // per sweep and tier: far more jobs than a node runs
-constexpr unsigned kCgroupTimeout = 5;  // seconds to empty a stale job's cgroup
 
 // The job id of "job<ID>", 0 for anything else.
 uint32_t job_id_of(const std::string& key) {
@@ -48,8 +47,7 @@ SweepResult sweep(const Config& config, const std::string& skip, std::vector<Fd>
         }
         for (const std::string& leaf :
              remove_job_cgroups(read_cgroup_record(tier.jobs.get(), key), kCgroupTimeout).left)
-          log_error(key + ": " + leaf + " still has processes " + std::to_string(kCgroupTimeout) +
-                    " s after they were killed; the cgroup is left");
+          log_error(key + ": " + left_leaf_text(leaf, kCgroupTimeout));
         Release r = release_space(tier, *record);
         if (r.image) images.push_back(std::move(r.image));
         if (!r.problem.empty()) {

@@ -52,8 +52,9 @@ class PeerSource {
   // count as a reader's (its stage-ahead window, Header::ahead_touched).
   virtual Got read(int node, uint32_t file, uint64_t off, char* buf, size_t len, bool replica,
                    size_t& n) = 0;
-  // Whether `node` is not asked now (its stager is not up yet, or its
-  // connection broke): read() would answer at once without asking it.
+  // Whether `node` is not asked for a replica now (its stager is not up
+  // yet, or its connection broke): read() would answer at once without
+  // asking it.
   virtual bool resting(int node) = 0;
 };
 

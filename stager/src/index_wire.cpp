@@ -12,6 +12,7 @@
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <vector>
 
 #include "fd.h"
 
@@ -67,6 +68,22 @@ bool tables_inside(const Header& h) {
          inside(h.ino_buckets_off, h.ino_bucket_count, sizeof(uint32_t));
 }
 
+// Zeroes, in `chunk` (the map's bytes [off, off + n)), the bytes of field
+// [field, field + size) of each of the `count` records of `stride` bytes from
+// `table`: a live word, which only the node that holds it may read.
+void zero_field(char* chunk, uint64_t off, size_t n, uint64_t table, uint64_t count, size_t stride,
+                size_t field, size_t size) {
+  uint64_t end = off + n;
+  if (count == 0 || end <= table || off >= table + count * stride) return;
+  uint64_t first = off > table ? (off - table) / stride : 0;
+  for (uint64_t i = first; i < count; ++i) {
+    uint64_t a = table + i * stride + field, b = a + size;
+    if (a >= end) break;
+    uint64_t from = std::max(a, off), to = std::min(b, end);
+    if (from < to) std::memset(chunk + (from - off), 0, to - from);
+  }
+}
+
 }  // namespace
 
 void index_wire_chunks(const JobMap& map, const std::function<void(const char*, size_t)>& out) {
@@ -81,10 +98,20 @@ void index_wire_chunks(const JobMap& map, const std::function<void(const char*, 
   size_t live = offsetof(Header, heartbeat_ns);
   std::memset(reinterpret_cast<char*>(&w) + live, 0, sizeof(Header) - live);
   out(reinterpret_cast<const char*>(&w), sizeof w);
+  // Each chunk is copied once, its live words (a file's state, a directory's
+  // stale mark, which the copier and the readers change meanwhile) zeroed:
+  // what `out` gets stays as given, so that a sender that writes a chunk and
+  // hashes it hashes what it wrote, and a map gives one wire form.
   const char* p = reinterpret_cast<const char*>(&h);
+  std::vector<char> chunk(size_t(std::min<uint64_t>(h.slots_off - sizeof(Header), kWireChunk)));
   for (uint64_t off = sizeof(Header); off < h.slots_off;) {
     size_t n = size_t(std::min<uint64_t>(h.slots_off - off, kWireChunk));
-    out(p + off, n);
+    std::memcpy(chunk.data(), p + off, n);
+    zero_field(chunk.data(), off, n, h.entries_off, h.file_count, sizeof(Entry),
+               offsetof(Entry, state), sizeof(Entry::state));
+    zero_field(chunk.data(), off, n, h.dirs_off, h.dir_count, sizeof(DirEntry),
+               offsetof(DirEntry, stale), sizeof(DirEntry::stale));
+    out(chunk.data(), n);
     off += n;
   }
 }

@@ -22,7 +22,10 @@
 namespace monarch {
 
 // The wire form of a published map, handed to `out` in order, in pieces of
-// at most kWireChunk bytes (a sender never holds it whole).
+// at most kWireChunk bytes (a sender never holds it whole), each a copy that
+// stays as given while `out` runs. The map's live words (the header's, each
+// file's state, each directory's stale mark) are zero in it: a map gives one
+// wire form whatever its node does meanwhile.
 inline constexpr size_t kWireChunk = 4 << 20;
 void index_wire_chunks(const JobMap& map, const std::function<void(const char*, size_t)>& out);
 // The same, whole.

@@ -637,7 +637,9 @@ void JobWide::fail(int node, const peers::Status& why) {
 }
 
 bool JobWide::resting(int node) {
-  return node >= 0 && size_t(node) < opt_.nodes.size() && peers_[node].down_until.load() > now_ns();
+  if (node < 0 || size_t(node) >= opt_.nodes.size()) return false;
+  uint64_t now = now_ns();
+  return peers_[node].down_until.load() > now || peers_[node].replicas_after.load() > now;
 }
 
 PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, size_t len,
@@ -656,7 +658,7 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   // Not up yet, or its connection broke: its files come from the PFS
   // meanwhile (a replica waits).
   Got later = replica ? Got::kNotYet : Got::kUnavailable;
-  if (resting(node)) return later;
+  if (peer.down_until.load() > now_ns() || (replica && resting(node))) return later;
   const Entry& e = m->entry(file);
   Request r{.type = kFetch,
             .file = file,
@@ -678,7 +680,16 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   if (st.code == peers::Code::unreachable && !peer.answered.load()) {
     // Never answered: its stager is not up yet (the job's steps reach nodes
     // one after the other), not dead. Given up on only if it never comes up.
-    uint64_t now = now_ns(), first = peer.first_try.load();
+    // A replica, which nobody waits for, asks again later and starts no
+    // clock: the first node's stager starts with the batch step, maybe long
+    // before the job's first srun reaches the others, and the wait below is
+    // for a reader's copy, from a reader's first try.
+    uint64_t now = now_ns();
+    if (replica) {
+      peer.replicas_after.store(now + kNotUpRetryNs);
+      return Got::kNotYet;
+    }
+    uint64_t first = peer.first_try.load();
     if (!first) peer.first_try.compare_exchange_strong(first, now), first = first ? first : now;
     if (now - first < kNotUpWaitNs) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

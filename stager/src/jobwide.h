@@ -180,6 +180,12 @@ class JobWide : public PeerSource {
   // costs a second walk and the copies the two indexes disagree on, while
   // waiting costs only this node's reads going to the PFS a little longer.
   static constexpr uint64_t kIndexPatienceNs = 4'000'000'000;
+  // A node that does not listen yet: its files are waited for this long from
+  // a reader's copy's first try (the steps of one srun start on all nodes
+  // within about a second), then read from the PFS, the node asked again
+  // only every kNotUpRetryNs, and given up on once index_wait_ms have passed.
+  static constexpr uint64_t kNotUpWaitNs = 2'000'000'000;
+  static constexpr uint64_t kNotUpRetryNs = 1'000'000'000;
   static constexpr int kIndexFanout = 2;
   // The node this one asks for the index first: its parent in the tree.
   static int index_parent(int node) { return node > 0 ? (node - 1) / kIndexFanout : -1; }
@@ -210,18 +216,13 @@ class JobWide : public PeerSource {
   // What this node knows of each other node: given up on; since when it has
   // answered no call (0: it answers); whether it ever answered; until when
   // it is not asked (its stager starts with the job's first step there, or
-  // its connection broke); when it was first tried.
+  // its connection broke), and not asked for replicas; when a reader's copy
+  // first tried it.
   struct Peer {
     std::atomic<bool> failed{false}, answered{false};
-    std::atomic<uint64_t> silent_since{0}, down_until{0}, first_try{0};
+    std::atomic<uint64_t> silent_since{0}, down_until{0}, replicas_after{0}, first_try{0};
   };
   std::unique_ptr<Peer[]> peers_;
-  // A node that does not listen yet: its files are waited for this long from
-  // the first try (the steps of one srun start on all nodes within about a
-  // second), then read from the PFS, the node asked again only every
-  // kNotUpRetryNs, and given up on once index_wait_ms have passed.
-  static constexpr uint64_t kNotUpWaitNs = 2'000'000'000;
-  static constexpr uint64_t kNotUpRetryNs = 1'000'000'000;
   std::atomic<bool> walker_{false};  // walks(): set once, never cleared
 
   std::mutex mu_;

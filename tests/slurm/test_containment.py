@@ -45,13 +45,24 @@ class Containment(st.SlurmTest):
             pid = int(st.read(os.path.join(work, "stager.pid")))
             paths = cgroup_paths(pid)
             leaves = {c: p for c, p in paths.items() if p.endswith(f"/job_{job}/monarch")}
+            # The stager is in the job's cgroup in every hierarchy where
+            # Slurm made one for the job (cpuset, devices and freezer on
+            # every release here; memory where Slurm made it: Slurm 24.11
+            # made none on this machine, see the README's Slurm releases).
             for controller in ("memory", "cpuset", "devices", "freezer"):
+                made = glob.glob(os.path.join(st.CGROUP_ROOT, controller, "**", f"job_{job}"),
+                                 recursive=True)
+                if not made and controller == "memory":
+                    print(f"the job has no {controller} cgroup: the stager cannot be in it")
+                    continue
                 self.assertIn(controller, leaves, f"the stager is not in the job's {controller} "
-                                                  f"cgroup: {paths}")
-            memory = os.path.join(st.CGROUP_ROOT, "memory") + leaves["memory"]
-            self.assertIn(str(pid), st.read(os.path.join(memory, "cgroup.procs")).split())
-            self.assertGreater(int(st.read(os.path.join(memory, "memory.usage_in_bytes"))), 0,
-                               "the stager's memory is not charged to the job")
+                                                  f"cgroup: {paths}; the job's cgroups there: "
+                                                  f"{made}")
+            if "memory" in leaves:
+                memory = os.path.join(st.CGROUP_ROOT, "memory") + leaves["memory"]
+                self.assertIn(str(pid), st.read(os.path.join(memory, "cgroup.procs")).split())
+                self.assertGreater(int(st.read(os.path.join(memory, "memory.usage_in_bytes"))),
+                                   0, "the stager's memory is not charged to the job")
             self.assertEqual(st.read(f"/proc/{pid}/oom_score_adj").strip(), "0")
             self.assertEqual(int(st.read(os.path.join(work, "task.nofile"))), NOFILE)
             self.assertEqual(soft_limit(pid, "Max open files"), NOFILE)
@@ -67,8 +78,10 @@ class Containment(st.SlurmTest):
             # memory peak of the stager and the report, in MiB.
             peak = [line for line in st.slurmd_log().splitlines()
                     if f"job{job}: the job's Monarch cgroup" in line and "used at most" in line]
-            self.assertEqual(len(peak), 1, "the epilog did not log the leaf's memory peak")
-            self.assertGreater(int(peak[0].split("used at most ")[1].split()[0]), 0, peak[0])
+            self.assertEqual(len(peak), 1 if "memory" in leaves else 0,
+                             "the epilog's memory peak line, where the leaf has memory")
+            if peak:
+                self.assertGreater(int(peak[0].split("used at most ")[1].split()[0]), 0, peak[0])
             stats = st.report_json(work, job)
             self.assertGreater(st.stager_counter(stats, "copies"), 0)
 

@@ -19,10 +19,12 @@ USER = "monarchtest"
 READER = os.path.join(st.SRC, "tests", "engine", "reader.py")
 
 # Each rank starts reading once its node's map is published (reads before
-# it go to the PFS unseen, README, Limitations).
+# it go to the PFS unseen, README, Limitations), and keeps its node's stager
+# log in the work directory (the job directory goes at the epilog).
 STEP = r"""source "$JOBS/lib.sh"; wait_job_file index
 python3 "$READER" "$DS" --mode ddp --epochs 3 --seed 7 --list "$OUT/list" \
   --barrier "$OUT/barrier" --counts "$COUNTS" >"$OUT/rank$SLURM_PROCID.out" 2>"$OUT/rank$SLURM_PROCID.err"
+rc=$?; cp "$MONARCH_JOB_DIR/stager.log" "$OUT/stager-$(hostname).log" 2>/dev/null; exit $rc
 """
 
 BATCH = """#!/bin/bash

@@ -8,6 +8,7 @@ nothing, without adopting the first run's files. Meanwhile another user
 runs the installed stager as `monarch-stager --job job<ID>` (issue 23,
 item 6): it neither keeps the job's leftovers from the sweep nor is stopped
 by the sweep or the job's epilog."""
+import fcntl
 import os
 import pwd
 import signal
@@ -98,6 +99,26 @@ class Sweep(st.SlurmTest):
         self.assertIn(f"monarch: job{job}: swept from tier slow", st.slurmd_log())
         self.assertTrue(running(impostor), "the epilog stopped another user's process")
         os.kill(impostor, signal.SIGKILL)  # a stager of the job to the check below
+        self.assertNoLeftovers(job)
+
+    def test_a_step_holds_its_record(self):
+        """Each step's slurmstepd holds the job's record on every tier (a
+        shared lock) while it lives: a sweep by another job's end keeps the
+        job even before the step's process title names it (under Slurm 24.11
+        such a sweep removed the space of a step starting on the node)."""
+        dataset = st.make_dataset("job")
+        work = st.workdir(USER, "sweep-held")
+        job = st.sbatch(USER, work, [f"--monarch-dataset={dataset}", st.job_script("wait_go.sh")],
+                        extra_env={"DS": dataset, "JOBS": st.JOBS})
+        try:
+            st.wait_for(lambda: os.path.exists(os.path.join(work, "started")), 60, "the job")
+            for tier in st.TIERS:
+                with open(os.path.join(tier, ".monarch", "jobs", f"job{job}")) as f:
+                    with self.assertRaises(BlockingIOError, msg=f"{tier}: the record is not held"):
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            open(os.path.join(work, "go"), "w").close()
+        self.assertEqual(st.wait_job(job), "COMPLETED")
         self.assertNoLeftovers(job)
 
 

@@ -2,10 +2,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "index_wire.h"
 
@@ -97,6 +100,35 @@ TEST(IndexWire, AnotherNodesMapAnswersAsTheWalkersWithItsOwnSettings) {
     ASSERT_EQ(std::memcmp(&sa, &sb, sizeof sa), 0) << a.path(i);
   }
   EXPECT_GE(b.find_dir("class2"), 0);
+}
+
+// A map gives one wire form whatever its node does meanwhile: its live
+// words are not in it, and each chunk stays as given while its consumer
+// writes it and hashes it (a walker whose copies changed a file's state
+// between the two sent an index that did not match its own SHA-256).
+TEST(IndexWire, OneWireFormWhateverTheLiveWordsDo) {
+  Walked w;
+  JobMap& m = w.map.map();
+  std::atomic<bool> stop{false};
+  std::thread changes([&] {
+    for (uint32_t k = 0; !stop; ++k) {
+      for (uint32_t i = 0; i < m.size(); ++i)
+        m.entry(i).state.store(make_state(k % 2 ? kCached : kCopying));
+      for (uint32_t i = 0; i < m.header().dir_count; ++i) m.dir(i).stale.store(k % 2);
+    }
+  });
+  std::string got;
+  bool stayed = true;
+  index_wire_chunks(m, [&](const char* p, size_t n) {
+    std::string first(p, n);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    stayed = stayed && std::string(p, n) == first;
+    got.append(p, n);
+  });
+  stop = true;
+  changes.join();
+  EXPECT_TRUE(stayed) << "a chunk changed while its consumer held it";
+  EXPECT_EQ(got, w.wire) << "the wire form holds the node's live words";
 }
 
 TEST(IndexWire, DevicesRenumberedToThisNodes) {
