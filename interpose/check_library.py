@@ -8,13 +8,16 @@ job brings (interpose/CMakeLists.txt says why each rule):
   - exports exactly the wrappers of wrappers.def.
 Runs after each link of the library (with --remove: a library that fails is
 removed, so that the next build links and checks it again) and as a test.
-Usage: check_library.py [--remove] LIBRARY WRAPPERS_DEF FLOOR"""
+A sanitizer build's library (--sanitized: a test build, never packaged) may
+need the sanitizers' runtimes and libm, which the compiler links in with them.
+Usage: check_library.py [--remove] [--sanitized] LIBRARY WRAPPERS_DEF FLOOR"""
 import os
 import re
 import subprocess
 import sys
 
 ALLOWED_NEEDED = {"libc.so.6", "libdl.so.2"}
+SANITIZER_NEEDED = re.compile(r"lib(asan|ubsan|tsan)\.so\.\d+|libm\.so\.6")
 
 
 def version_key(v):
@@ -23,8 +26,10 @@ def version_key(v):
 
 def main():
     args = sys.argv[1:]
-    remove = args[:1] == ["--remove"]
-    lib, wrappers_def, floor = args[1:] if remove else args
+    flags = {a for a in args if a.startswith("--")}
+    remove = "--remove" in flags
+    sanitized = "--sanitized" in flags
+    lib, wrappers_def, floor = [a for a in args if not a.startswith("--")]
     problems = []
 
     # The versions the loader checks: the library's version references.
@@ -40,7 +45,8 @@ def main():
             users = sorted(set(re.findall(r"\(GLIBC_%s\)\s+(\S+)$" % re.escape(v), symbols, re.M)))
             problems.append(f"needs GLIBC_{v} (above the floor GLIBC_{floor}) for "
                             f"{', '.join(users) or 'an unnamed symbol'}")
-    other = sorted(set(needed) - ALLOWED_NEEDED)
+    other = sorted(n for n in set(needed) - ALLOWED_NEEDED
+                   if not (sanitized and SANITIZER_NEEDED.fullmatch(n)))
     if other:
         problems.append(f"needs {', '.join(other)}: only {', '.join(sorted(ALLOWED_NEEDED))} "
                         f"may be needed")

@@ -108,6 +108,7 @@ size_t root_along(std::string_view cwd, std::string_view path, std::string_view 
   char abs[2 * PATH_MAX + 2];
   size_t len = 0;
   for (std::string_view part : {relative ? cwd : std::string_view(), std::string_view("/"), path}) {
+    if (part.empty()) continue;  // an empty view's data() may be null, which memcpy may not take
     if (len + part.size() >= sizeof abs) return 0;
     std::memcpy(abs + len, part.data(), part.size());
     len += part.size();

@@ -422,7 +422,8 @@ MappedMap build_index(const IndexOptions& opt, IndexStats& stats,
   copy_path(h->root, opt.root);
   copy_path(h->real_root, real);
   set_tiers(*h, opt.tier_dirs);
-  std::memcpy(p + attrs_off, attrs.data(), attrs.size() * sizeof(Attr));
+  // No attributes (no files): attrs.data() may be null, which memcpy may not take.
+  if (!attrs.empty()) std::memcpy(p + attrs_off, attrs.data(), attrs.size() * sizeof(Attr));
 
   char* str = p + strings_off;
   size_t so = 0;

@@ -26,6 +26,30 @@ PY = "/usr/bin/python3"
 DATA = os.path.join(BUILD, "test-data")
 TEST_USER = "monarchtest"
 
+# Libraries a sanitizer build loads before the library (contrib/sanitize:
+# the sanitizer's runtime, which must be the first library of a process the
+# instrumented library loads into); none otherwise. Every process the tests
+# start gets them, so that runs with and without Monarch compare alike;
+# monarch-run appends the library behind them, and preload() puts them in
+# front of what a test preloads itself. Programs that cannot run under the
+# runtime (Chromium) get UNSANITIZED_ENV. What LD_PRELOAD held already stays
+# behind them: a test's child program that runs in a job (test_formats_rdwr.py
+# child) imports this module too, and the programs it starts must load the
+# library monarch-run gave it, or the job's changes go unseen.
+PRELOAD_FIRST = [p for p in os.environ.get("MONARCH_TEST_PRELOAD", "").split(":") if p]
+SANITIZED = bool(PRELOAD_FIRST)
+UNSANITIZED_ENV = dict(os.environ)
+if PRELOAD_FIRST:
+    os.environ["LD_PRELOAD"] = ":".join(
+        PRELOAD_FIRST + [p for p in os.environ.get("LD_PRELOAD", "").split(":")
+                         if p and p not in PRELOAD_FIRST])
+
+
+def preload(*libs):
+    """LD_PRELOAD's value that loads `libs` (after the sanitizer's runtime)."""
+    return ":".join(PRELOAD_FIRST + list(libs))
+
+
 FIO_FILE = "{root}/fio/verify.dat"
 FIO_VERIFY = ["--rw=randread", "--bs=256k", "--size=32m", "--verify=crc32c"]
 

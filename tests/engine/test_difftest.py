@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from harness import BUILD, LIBRARY, STAGER
+from harness import BUILD, LIBRARY, STAGER, preload
 
 DIFFTEST = os.path.join(BUILD, "tests", "engine", "monarch-difftest")
 
@@ -56,8 +56,11 @@ def setup(tree, ids):
 
 
 def direct_env():
-    return {k: v for k, v in os.environ.items()
-            if k not in ("LD_PRELOAD", "MONARCH_DATASET", "MONARCH_JOB_DIR")}
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("LD_PRELOAD", "MONARCH_DATASET", "MONARCH_JOB_DIR")}
+    if preload():  # a sanitizer build's runtime, as in the runs through the library
+        e["LD_PRELOAD"] = preload()
+    return e
 
 
 def tier_parent(work):
@@ -123,7 +126,7 @@ class Stager:
 
     def env(self):
         e = direct_env()
-        e.update(LD_PRELOAD=LIBRARY, MONARCH_DATASET=os.path.join(self.tree, "ds"),
+        e.update(LD_PRELOAD=preload(LIBRARY), MONARCH_DATASET=os.path.join(self.tree, "ds"),
                  MONARCH_JOB_DIR=self.job_dir)
         return e
 

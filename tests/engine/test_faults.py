@@ -21,7 +21,7 @@ import unittest
 
 from harness import (AFTER_INDEX, BUILD, Case, LIBRARY, MONARCH_RUN, PY, READER, SMALL, STAGER,
                      TEST_USER, Pfs, conf_file, dataset, dataset_bytes, ensure_user, md5_file,
-                     parse_epochs, read_dataset, reference, run, stager_pids, tier)
+                     parse_epochs, preload, read_dataset, reference, run, stager_pids, tier)
 
 
 def wait_for(pred, timeout=30, what="condition"):
@@ -78,7 +78,7 @@ class Faults(Case):
     def test_no_stager_at_all(self):
         job = tempfile.mkdtemp(prefix="monarch-nojob-")
         self.addCleanup(os.rmdir, job)
-        env = {"LD_PRELOAD": LIBRARY, "MONARCH_DATASET": self.root, "MONARCH_JOB_DIR": job,
+        env = {"LD_PRELOAD": preload(LIBRARY), "MONARCH_DATASET": self.root, "MONARCH_JOB_DIR": job,
                "MONARCH_LOG": "1"}
         epochs, p = read_dataset(self.root, "read", env=env)
         self.assertSameBytes(epochs, self.ref)
@@ -86,7 +86,7 @@ class Faults(Case):
         self.assertIn(f"no job map at {job}/index", p.stderr)
         # A job directory the process cannot see at all (a container that does
         # not mount it): one line, without MONARCH_LOG too.
-        env = {"LD_PRELOAD": LIBRARY, "MONARCH_DATASET": self.root,
+        env = {"LD_PRELOAD": preload(LIBRARY), "MONARCH_DATASET": self.root,
                "MONARCH_JOB_DIR": "/nonexistent/monarch-job"}
         epochs, p = read_dataset(self.root, "read", env=env)
         self.assertSameBytes(epochs, self.ref)
@@ -137,7 +137,7 @@ class Faults(Case):
         root = copy_tree(self.root, self)
         t = tier(self)
         job = "restart"
-        env = dict(os.environ, LD_PRELOAD=LIBRARY, MONARCH_DATASET=root,
+        env = dict(os.environ, LD_PRELOAD=preload(LIBRARY), MONARCH_DATASET=root,
                    MONARCH_JOB_DIR=os.path.join(t, "monarch-" + job))
         victim = sorted(k for k in self.ref if k.startswith("images/"))[0]
         path = os.path.join(root, victim)
@@ -324,7 +324,7 @@ class Faults12(Case):
         shim = os.path.join(BUILD, "tests", "engine", "libmonarch_test_nomem.so")
         conf = conf_file(self, t, copy_fast_dataset="yes")
         epochs, p = read_dataset(self.root, "read", epochs=3, prefix=AFTER_INDEX,
-                                 env={"LD_PRELOAD": shim, "MONARCH_TEST_NOMEM_SECONDS": "1"},
+                                 env={"LD_PRELOAD": preload(shim), "MONARCH_TEST_NOMEM_SECONDS": "1"},
                                  monarch=["--dataset", self.root, "--config", conf, "--keep",
                                           "--report", report])
         self.assertSameBytes(epochs, self.ref)
@@ -627,7 +627,7 @@ print(during, wrong)
         ensure_user()
         os.chown(index, pwd.getpwnam(TEST_USER).pw_uid, -1)
         victim = sorted(k for k in self.ref if k.startswith("images/"))[0]
-        env = dict(os.environ, LD_PRELOAD=LIBRARY, MONARCH_DATASET=self.root,
+        env = dict(os.environ, LD_PRELOAD=preload(LIBRARY), MONARCH_DATASET=self.root,
                    MONARCH_JOB_DIR=os.path.dirname(index), MONARCH_LOG="1")
         p = subprocess.run([PY, "-c", "import hashlib,sys; print(hashlib.md5(open(sys.argv[1], "
                             "'rb').read()).hexdigest())", os.path.join(self.root, victim)],

@@ -94,14 +94,15 @@ def child_lmdb(path, seed, how="defaults"):
         epoch_line(epoch + 1, h)
 
 
-def copy_exists(rel):
-    """Waits (30 s at most) for the copy of `rel` to be published (direct: True)."""
+def copy_exists(rel, present=True):
+    """Waits (30 s at most) for the copy of `rel` to be published (`present`)
+    or dropped (not `present`); whether it was (direct: True)."""
     job = os.environ.get("MONARCH_JOB_DIR")
     if not job:
         return True
     deadline = time.time() + 30
     while time.time() < deadline:
-        if os.path.exists(os.path.join(job, "data", rel)):
+        if os.path.exists(os.path.join(job, "data", rel)) == present:
             return True
         time.sleep(0.02)
     return False
@@ -168,6 +169,9 @@ def child_append(root, rel):
     print("copy made:", copy_exists(rel))
     cmd = f'echo appended >> "{path}"; exec 3<>"{path}"; echo rw >&3; exec 3>&-; wc -c < "{path}"'
     print(subprocess.run(["bash", "-c", cmd], capture_output=True, text=True).stdout.strip())
+    # The shell ran under Monarch too (a program the job starts inherits the
+    # library): its opens marked the file changed, and the stager drops the copy.
+    print("copy dropped:", copy_exists(rel, present=False))
     with open(path, "rb") as f:
         data = f.read()
     print(len(data), hashlib.sha256(data).hexdigest(), data[:8])

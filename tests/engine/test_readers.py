@@ -5,10 +5,11 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import unittest
 
 from harness import (AFTER_INDEX, Case, FIO_FILE, FIO_VERIFY, FULL, LIBRARY, PY, READER,
-                     conf_file, dataset, read_dataset, reference, run, tier)
+                     conf_file, dataset, preload, read_dataset, reference, run, tier)
 
 
 class Readers(Case):
@@ -60,6 +61,24 @@ class Readers(Case):
     def test_large_files_pread_threads(self):
         self.check_mode("threads", "records/", extra=["--subdir", "records", "--threads", "6"])
 
+    def test_c_programs_only(self):
+        # A job without Python or a shell (the job a ThreadSanitizer build
+        # runs: its runtime cannot be preloaded into either, contrib/sanitize):
+        # xargs starting 4 md5sum at a time, over every image file 3 times.
+        files = sorted(k for k in self.ref if k.startswith("images/"))
+        with tempfile.NamedTemporaryFile("w", prefix="monarch-files-") as listing:
+            listing.writelines(os.path.join(self.root, k) + "\n" for k in files * 3)
+            listing.flush()
+            p = run(["xargs", "-a", listing.name, "-d", "\\n", "-P", "4", "-n", "64", "md5sum"],
+                    monarch=self.monarch())
+        sums = [line.split("  ", 1) for line in p.stdout.splitlines()]
+        self.assertEqual(len(sums), 3 * len(files))
+        bad = [path for s, path in sums if s != self.ref[os.path.relpath(path, self.root)]]
+        self.assertEqual(bad, [], "files with wrong bytes")
+        share = re.search(r"served from node-local tiers: ([0-9.]+)% of the bytes read", p.stderr)
+        self.assertTrue(share, p.stderr[-2000:])
+        self.assertGreater(float(share.group(1)), 0, p.stderr[-2000:])
+
     def test_fio_verify(self):
         f = FIO_FILE.format(root=self.root)
         p = run(["fio", "--name=check", "--filename=" + f, "--loops=3"] + FIO_VERIFY,
@@ -88,9 +107,9 @@ class Readers(Case):
     def test_preload_keeps_users_entries(self):
         # The library is appended to LD_PRELOAD; the user's own entries stay first.
         p = run([PY, "-c", "import os; print(os.environ['LD_PRELOAD'])"],
-                monarch=self.monarch(), env={"LD_PRELOAD": "/lib/x86_64-linux-gnu/libm.so.6"})
-        self.assertEqual(p.stdout.strip(), "/lib/x86_64-linux-gnu/libm.so.6:" +
-                         os.path.realpath(LIBRARY))
+                monarch=self.monarch(), env={"LD_PRELOAD": preload("/lib/x86_64-linux-gnu/libm.so.6")})
+        self.assertEqual(p.stdout.strip(), preload("/lib/x86_64-linux-gnu/libm.so.6",
+                                                   os.path.realpath(LIBRARY)))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ import subprocess
 import tempfile
 import unittest
 
-from harness import (AFTER_INDEX, BUILD, Case, FULL, PY, READER, SMALL, Pfs, TierWatch, conf_file,
-                     dataset, dataset_bytes, epoch_deltas, read_dataset, reference, run, tier)
+from harness import (AFTER_INDEX, BUILD, Case, FULL, PY, READER, SANITIZED, SMALL, Pfs, TierWatch,
+                     conf_file, dataset, dataset_bytes, epoch_deltas, read_dataset, reference,
+                     run, tier)
 
 MONARCH_REPORT = os.path.join(BUILD, "stager", "monarch-report")
 
@@ -333,6 +334,8 @@ class NobodyUsesMonarch(Case):
 
 
 class FastDataset(Case):
+    @unittest.skipIf(SANITIZED, "judged by the stager's open and read times, which a sanitizer "
+                     "slows several times")
     def test_a_dataset_as_fast_as_a_tier_is_not_copied(self):
         # On a local disk (here, in the page cache) a copy gains nothing: the
         # stager's own reads show it, copying stops and readers read it

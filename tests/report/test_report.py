@@ -21,8 +21,8 @@ import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
 from harness import (AFTER_INDEX, BUILD, GEN, LIBRARY, PY, READER, SMALL, SRC,  # noqa: E402
-                     STAGER, Case, Pfs, dataset, dataset_bytes, epoch_deltas, parse_epochs,
-                     read_dataset, run, tier)
+                     STAGER, UNSANITIZED_ENV, Case, Pfs, dataset, dataset_bytes, epoch_deltas,
+                     parse_epochs, preload, read_dataset, run, tier)
 
 REPORT = os.path.join(BUILD, "stager", "monarch-report")
 CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -197,7 +197,7 @@ class Report(Base):
         self.addCleanup(shutil.rmtree, profile, True)
         subprocess.run(CHROMIUM + [f"--user-data-dir={profile}", f"--screenshot={shot}",
                                    "--window-size=1200,800", "file://" + written[2]],
-                       capture_output=True, timeout=120, check=True)
+                       env=UNSANITIZED_ENV, capture_output=True, timeout=120, check=True)
         width, height, rows = png_pixels(shot)
         self.assertEqual((width, height), (1200, 800))
         # Inside the axes (x 110-1020, y 84-474): colored areas, not white.
@@ -234,7 +234,7 @@ class Report(Base):
             if os.path.exists(os.path.join(jobdir, "index")):  # its map published
                 break
             time.sleep(0.05)
-        env = {"LD_PRELOAD": LIBRARY, "MONARCH_DATASET": self.root, "MONARCH_JOB_DIR": jobdir}
+        env = {"LD_PRELOAD": preload(LIBRARY), "MONARCH_DATASET": self.root, "MONARCH_JOB_DIR": jobdir}
         read_dataset(self.root, "read", epochs=1, env=env)
 
         def opens_flushed():  # statistics are flushed every 5 s or so
@@ -378,7 +378,8 @@ def rendered_text_boxes(svg_path, workdir):
     try:
         p = subprocess.run(CHROMIUM + [f"--user-data-dir={profile}", "--dump-dom",
                                        "--window-size=1200,800", "file://" + page],
-                           capture_output=True, text=True, timeout=120, check=True)
+                           env=UNSANITIZED_ENV, capture_output=True, text=True, timeout=120,
+                           check=True)
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     m = re.search(r'<pre id="boxes">(.*?)</pre>', p.stdout, re.S)

@@ -64,6 +64,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -160,6 +161,14 @@ struct Raw {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   std::string address;  // our worker's
+
+  // The worker frees the endpoints closed on it (the modes that end; the
+  // others are killed).
+  ~Raw() {
+    if (worker) ucp_worker_destroy(worker);
+    if (context) ucp_cleanup(context);
+  }
+
   struct Message {
     unsigned id;
     std::string header, payload;
@@ -237,15 +246,40 @@ struct Raw {
     return ucp_ep_create(worker, &params, &ep) == UCS_OK ? ep : nullptr;
   }
 
-  // Sends and forgets (UCX frees the request once done).
+  // Sends and forgets. UCX reads the header and the payload until the send
+  // completes, which may be long after this returns (a send before the
+  // endpoint is wired up waits for it): the header, small and often on the
+  // caller's stack, is copied and freed on completion; the payload is the
+  // caller's to keep (static, or held as long as the sends may run).
+  static void on_sent(void* request, ucs_status_t, void* header) {
+    delete[] static_cast<char*>(header);
+    ucp_request_free(request);
+  }
   void send(ucp_ep_h ep, unsigned id, const void* header, size_t header_length, const void* payload,
             size_t length, uint32_t flags = 0) {
+    char* copy = new char[header_length];
+    std::memcpy(copy, header, header_length);
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.flags = flags;
+    param.cb.send = on_sent;
+    param.user_data = copy;
+    ucs_status_ptr_t request =
+        ucp_am_send_nbx(ep, id, copy, header_length, payload, length, &param);
+    if (!UCS_PTR_IS_PTR(request)) delete[] copy;
+  }
+
+  // Closes an endpoint at once (its peer may be gone; its sends fail) and
+  // frees it.
+  void close_ep(ucp_ep_h ep) {
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = flags;
-    ucs_status_ptr_t request =
-        ucp_am_send_nbx(ep, id, header, header_length, payload, length, &param);
-    if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+    if (!UCS_PTR_IS_PTR(request)) return;
+    while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker);
+    ucp_request_free(request);
   }
 
   void progress_for(int ms) {
@@ -378,8 +412,7 @@ struct Raw {
       if (!first) first = ep;
       if (ep == first) return;
       static const char again[] = "again";
-      static wire::AnswerHeader a;  // UCX reads it until the send completes
-      a = {wire::kMagic, wire::kAnswerOk, h.session, h.call, {}};
+      wire::AnswerHeader a{wire::kMagic, wire::kAnswerOk, h.session, h.call, {}};
       wire::answer_mac(key, nonce, h.seq, h.call, wire::kAnswerOk, again, a.mac);
       send(ep, wire::kAnswerAm, &a, sizeof a, again, 5);
     });
@@ -527,7 +560,7 @@ struct Raw {
                UCP_AM_SEND_FLAG_EAGER);
           break;
         case 2: {
-          char junk[40];
+          static char junk[40];  // the payload, read until its send completes
           for (char& c : junk) c = char(sent * 31 + 7);
           send(ep, unsigned(sent % 4), junk, sizeof junk, junk, sizeof junk);
           break;
@@ -539,11 +572,14 @@ struct Raw {
       for (int i = 0; i < 100 && ucp_worker_progress(worker); ++i) {
       }
       if (!broken.empty()) {
+        for (ucp_ep_h b : broken) close_ep(b);
+        if (std::find(broken.begin(), broken.end(), ep) == broken.end()) close_ep(ep);
         broken.clear();
         ep = connect_to(target);
       }
       usleep(2000);
     }
+    if (ep) close_ep(ep);
     fprintf(stderr, "flood: %llu UCX messages sent\n", (unsigned long long)sent);
   }
 };
