@@ -103,7 +103,32 @@ struct Inode {
 struct DirHandle {
   DIR* dir = nullptr;
   off_t pos = 0;
+  ~DirHandle() {
+    if (dir) closedir(dir);
+  }
 };
+
+// The open directories, owned here: the kernel sends no releasedir for a
+// directory still open when the file system goes away, and its handle is
+// freed at exit all the same.
+class DirHandles {
+ public:
+  DirHandle* add(std::unique_ptr<DirHandle> h) {
+    std::lock_guard lock(mu_);
+    DirHandle* raw = h.get();
+    open_[raw] = std::move(h);
+    return raw;
+  }
+  void remove(DirHandle* h) {
+    std::lock_guard lock(mu_);
+    open_.erase(h);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<DirHandle*, std::unique_ptr<DirHandle>> open_;
+};
+DirHandles g_dirs;
 
 struct CountsHandle {
   std::mutex mu;
@@ -427,11 +452,9 @@ void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       close(fd);
       return (void)fuse_reply_err(req, err);
     }
-    fi->fh = reinterpret_cast<uint64_t>(h.get());
-    if (fuse_reply_open(req, fi) == 0)
-      h.release();
-    else
-      closedir(h->dir);
+    DirHandle* held = g_dirs.add(std::move(h));
+    fi->fh = reinterpret_cast<uint64_t>(held);
+    if (fuse_reply_open(req, fi) != 0) g_dirs.remove(held);
   });
 }
 
@@ -469,9 +492,7 @@ void OnReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_inf
 }
 
 void OnReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  auto* h = reinterpret_cast<DirHandle*>(fi->fh);
-  closedir(h->dir);
-  delete h;
+  g_dirs.remove(reinterpret_cast<DirHandle*>(fi->fh));
   fuse_reply_err(req, 0);
 }
 
