@@ -63,7 +63,7 @@ std::vector<std::string> record_keys(int jobs_fd, size_t limit);
 // until its space is released. The kernel drops it with its last holder.
 // Fd(-1) when there is no record.
 Fd hold_record(int jobs_fd, const std::string& key);
-// Whether a job's end holds the record of `key` now.
+// Whether a step or the end of the job holds the record of `key` now.
 bool record_held(int jobs_fd, const std::string& key);
 
 // Removes the record and its cgroup list.

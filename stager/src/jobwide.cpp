@@ -664,7 +664,7 @@ PeerSource::Got JobWide::read(int node, uint32_t file, uint64_t off, char* buf, 
   // Not up yet, or its connection broke: its files come from the PFS
   // meanwhile (a replica waits).
   Got later = replica ? Got::kNotYet : Got::kUnavailable;
-  if (peer.down_until.load() > now_ns() || (replica && resting(node))) return later;
+  if (replica ? resting(node) : peer.down_until.load() > now_ns()) return later;
   const Entry& e = m->entry(file);
   Request r{.type = kFetch,
             .file = file,
